@@ -1,0 +1,137 @@
+"""The `corecpu` command. One `_add_<name>` + `cmd_<name>` pair per subcommand.
+
+Heavy imports (rich, torch) stay inside the functions that need them, so every
+subcommand starts fast and `corecpu.bind` can reuse the plan options cheaply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, NoReturn, Sequence
+
+from corecpu.errors import run_cli
+
+Command = Callable[[argparse.Namespace], int]
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    from corecpu.plan import add_request_arguments
+    from corecpu.topology import add_detection_arguments
+
+    p = sub.add_parser(
+        "plan",
+        help="show how ranks would be pinned on this node",
+        description="Detect this node's CPUs and print the per-rank pinning plan and its environment.",
+    )
+    add_request_arguments(p)
+    add_detection_arguments(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the plan as JSON")
+    out.add_argument("--export", action="store_true", help="print shell `export` lines (per-rank settings as comments)")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from corecpu.plan import make_plan, request_from_args
+    from corecpu.topology import topology_from_args
+
+    request = request_from_args(args)
+    plan = make_plan(topology_from_args(args), request)
+    if args.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    elif args.export:
+        sys.stdout.write(plan.to_shell())
+    else:
+        render_plan(plan)
+    return 0
+
+
+def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types imported lazily
+    from rich.console import Console
+    from rich.table import Table
+
+    from corecpu.topology import format_cpu_list
+
+    console = console or Console()
+    topo = plan.topology
+    machine = Table(title="Machine", show_header=False)
+    machine.add_column("what", style="bold")
+    machine.add_column("value")
+    machine.add_row("model", topo.model_name)
+    machine.add_row("sockets", str(len(topo.packages)))
+    machine.add_row("NUMA nodes", "  ".join(f"{n}: {format_cpu_list(c) or '(no CPUs)'}" for n, c in topo.nodes))
+    machine.add_row("cores", str(len(topo.cores)))
+    machine.add_row("threads", str(len(topo.online)))
+    restricted = "" if topo.allowed == topo.online else f" (of {format_cpu_list(topo.online)})"
+    machine.add_row("allowed CPUs", f"{format_cpu_list(topo.allowed)}{restricted}")
+    quota = "none" if topo.cpu_quota is None else f"{topo.cpu_quota:g} CPUs -> {topo.quota_threads} busy thread(s)"
+    machine.add_row("CPU quota", quota)
+    if topo.l3_domains:
+        machine.add_row("L3 domains", "  ".join(format_cpu_list(d) for d in topo.l3_domains))
+    if topo.isa_known:
+        machine.add_row("ISA", " ".join(f"{f}{'+' if f in topo.isa_flags else '-'}" for f in _tracked()))
+    else:
+        machine.add_row("ISA", "not read")
+    libs = topo.libraries
+    machine.add_row("allocator", libs.allocator or "none found (glibc malloc)")
+    machine.add_row("OpenMP", libs.iomp5 or "GNU libgomp (libiomp5 not found)")
+    machine.add_row("numactl", topo.numactl or "not found")
+    console.print(machine)
+
+    ranks = Table(title="Ranks")
+    for col in ("rank", "NUMA", "cores", "compute CPUs", "OMP threads", "CCL worker CPUs", "memory"):
+        ranks.add_column(col)
+    for r in plan.ranks:
+        node = ",".join(map(str, r.numa_nodes))
+        workers = format_cpu_list(r.ccl_worker_cpus) if r.ccl_worker_cpus else "-"
+        cores = "shared" if plan.oversubscribed else str(r.cores)
+        ranks.add_row(str(r.local_rank), node, cores, r.cpulist, str(r.omp_num_threads), workers,
+                      " ".join(r.membind) or "-")
+    console.print(ranks)
+
+    env = Table(title="Environment (all ranks)")
+    env.add_column("variable", style="bold")
+    env.add_column("value", overflow="fold")
+    for k, v in plan.env.items():
+        env.add_row(k, v)
+    console.print(env)
+    for w in plan.warnings:
+        console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
+    for n in plan.notes:
+        console.print(f"note: {n}", highlight=False)
+
+
+def _tracked() -> tuple[str, ...]:
+    from corecpu.topology import _tracked_flags
+
+    return _tracked_flags()
+
+
+# ---------------------------------------------------------------- wiring
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_plan,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="corecpu", description="Data-parallel training on Xeon CPU clusters.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    def run() -> int:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    main()

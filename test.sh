@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Run the whole test suite (all three tiers). Sets up .venv on first use, like launch.sh.
+#   ./test.sh                 # everything
+#   ./test.sh -m "not e2e"    # pure and multi-process tiers only; any pytest arguments work
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+py="$("$here/launch.sh" --setup-only)"
+cd "$here"
+exec "$py" -m pytest "$@"

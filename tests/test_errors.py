@@ -1,0 +1,94 @@
+"""Bad input: one clear line naming the problem and the fix, a non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from test_e2e import env_for_launch
+
+pytestmark = pytest.mark.e2e
+
+
+def run_train(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", "tiny", "--output-dir", str(out), *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists(), "a failed run left an output directory behind"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("corecpu: error: "), proc.stderr
+    return proc, last
+
+
+def write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_missing_data_file(tmp_path):
+    _, line = run_train(tmp_path, "--data", str(tmp_path / "nope.tsv"))
+    assert "nope.tsv" in line and "not found" in line and "--data" in line
+
+
+def test_malformed_row(tmp_path):
+    data = write(tmp_path, "bad.tsv", "sentence\tlabel\ngood stuff\t1\nbroken row without label\n")
+    _, line = run_train(tmp_path, "--data", data, "--eval-data", "none")
+    assert "bad.tsv" in line and "line 3" in line
+
+
+def test_unknown_eval_label(tmp_path):
+    train = write(tmp_path, "train.tsv", "sentence\tlabel\ngreat\tpos\nawful\tneg\n")
+    dev = write(tmp_path, "dev.tsv", "sentence\tlabel\nmeh\tneutral\n")
+    _, line = run_train(tmp_path, "--data", train, "--eval-data", dev)
+    assert "neutral" in line and "dev.tsv" in line and "line 2" in line
+
+
+def test_empty_dataset(tmp_path):
+    data = write(tmp_path, "empty.csv", "sentence,label\n")
+    _, line = run_train(tmp_path, "--data", data, "--eval-data", "none")
+    assert "empty.csv" in line and ("no examples" in line.lower() or "empty" in line.lower())
+
+
+def test_bad_model_path(tmp_path):
+    _, line = run_train(tmp_path, "--model", str(tmp_path))
+    assert "config.json" in line and "--model" in line
+
+
+def test_unknown_backend(tmp_path):
+    _, line = run_train(tmp_path, "--backend", "nccl")
+    assert "nccl" in line and "--help" in line
+
+
+def test_ccl_backend_without_bindings(tmp_path):
+    _, line = run_train(tmp_path, "--backend", "ccl")
+    assert "oneccl_bindings_for_pytorch" in line and "--backend gloo" in line
+
+
+def test_bad_numbers(tmp_path):
+    _, line = run_train(tmp_path, "--batch-size", "0")
+    assert "--batch-size must be at least 1" in line
+
+
+@pytest.mark.parametrize("n", ["0", "-2", "two"])
+def test_launch_with_bad_rank_count(n):
+    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), n, "--model", "tiny"], env=env_for_launch(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launch.sh: error: N must be"), proc.stderr
+
+
+def test_launch_dry_run_runs_nothing(tmp_path):
+    out = tmp_path / "dry"
+    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), "3", "--dry-run", "--model", "tiny", "--output-dir",
+                           str(out)], env=env_for_launch(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "mpirun -n 3" in proc.stdout or "torchrun" in proc.stdout
+    assert "export MASTER_PORT=" in proc.stdout and "OMP_NUM_THREADS" in proc.stdout
+    assert not out.exists()
