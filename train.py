@@ -195,7 +195,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                         timed_samples, timed_to = timed_samples + g_samples, time.perf_counter()
                     last_loss = g_loss / g_samples
                     record = {"step": loop.step, "epoch": loop.epoch, "loss": last_loss, "lr": lr,
-                              "samples_per_s": sps, "tokens_per_s": tps}
+                              "samples_per_s": sps, "tokens_per_s": tps,
+                              "elapsed_s": round(time.perf_counter() - run_start, 4)}
                     loss_sum.zero_()
                     samples = tokens = 0
                     if metrics:

@@ -112,9 +112,47 @@ def _tracked() -> tuple[str, ...]:
     return _tracked_flags()
 
 
+# ---------------------------------------------------------------- make-data
+
+
+def _add_make_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "make-data",
+        help="write the built-in task as a TSV file",
+        description="Write the built-in sentiment task (what --data builtin trains on) as TSV with a "
+        "`sentence<TAB>label` header, to see the expected format or to edit it.",
+    )
+    p.add_argument("path", help="file to write (refuses to overwrite)")
+    p.add_argument("--split", choices=("train", "eval"), default="train", help="which split (default: train)")
+    p.add_argument("--n", type=int, default=None, help="number of examples (default: 2000 train, 400 eval)")
+    p.set_defaults(func=cmd_make_data)
+
+
+def cmd_make_data(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from corecpu.data import write_builtin
+    from corecpu.errors import CoreCPUError
+
+    path = Path(args.path)
+    if path.exists():
+        raise CoreCPUError(f"{path} already exists; remove it or choose another path")
+    if args.n is not None and args.n < 1:
+        raise CoreCPUError(f"--n must be at least 1, got {args.n}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        rows = write_builtin(tmp, split=args.split, n=args.n)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {rows} {args.split} examples to {path}")
+    return 0
+
+
 # ---------------------------------------------------------------- wiring
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_plan,)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_plan, _add_make_data)
 
 
 def build_parser() -> argparse.ArgumentParser:

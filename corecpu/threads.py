@@ -20,6 +20,7 @@ from typing import Mapping
 from corecpu.launchers import LaunchInfo
 
 BOUND_VAR = "CORECPU_BOUND_CPUS"  # set by corecpu.bind for the ranks it started
+DECISION_VAR = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has (for topology.json)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ def configure_threads(info: LaunchInfo, requested: int) -> int:
     if decision.bind_to:
         os.sched_setaffinity(0, decision.bind_to)
     os.environ["OMP_NUM_THREADS"] = str(decision.threads)
+    os.environ[DECISION_VAR] = decision.reason
     import torch
 
     torch.set_num_threads(decision.threads)
@@ -117,5 +119,6 @@ def binding_report() -> dict:
         "cpus": sorted(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "bound_by": "corecpu.bind" if os.environ.get(BOUND_VAR) else "in-process or launcher",
+        "binding": os.environ.get(DECISION_VAR, "not configured"),
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
     }

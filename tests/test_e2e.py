@@ -73,6 +73,20 @@ def test_launch_two_ranks_tiny(tmp_path):
     assert check.stdout.split() == ["2", "positive"]
 
 
+def test_plain_torchrun_ranks_are_planned_in_process(tmp_path):
+    # torchrun binds nothing and sets OMP_NUM_THREADS=1; train.py must plan this node itself.
+    out = tmp_path / "torchrun"
+    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           str(ROOT / "train.py"), *TINY, "--max-steps", "3", "--eval-data", "none",
+                           "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 rank(s) via torchrun" in proc.stdout
+    ranks = json.loads((out / "topology.json").read_text())["ranks"]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert [r["binding"] for r in ranks] == ["planned and bound in-process"] * 2
+        assert set(ranks[0]["cpus"]).isdisjoint(ranks[1]["cpus"])
+
+
 def test_one_rank_batch_8_equals_two_ranks_batch_4(tmp_path):
     common = [*TINY, "--max-steps", "8", "--log-every", "1", "--eval-data", "none"]
     one = single(*common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"))

@@ -106,3 +106,37 @@ def test_mpirun_gloo_allreduce_across_two_hosts(hosts, tmp_path, hostfile_kind, 
     assert (r0["hostname"], r1["hostname"]) == hosts.hostnames
     # and gloo really connected them
     assert r0["value"] == r1["value"] == 3.0, log
+
+
+def test_launch_sh_trains_across_two_hosts(tmp_path):
+    """launch.sh with a hostfile: one rank per host, same final loss and weights on both.
+
+    The hosts share this machine's hostname (which resolves to loopback), and no
+    GLOO_SOCKET_IFNAME is set: train.py must find the interface that routes to
+    MASTER_ADDR by itself, as it would on a real cluster with a badly resolving hostname.
+    """
+    if find_mpirun() is None:
+        pytest.skip("Intel MPI mpirun not found (pip install impi-rt)")
+    from conftest import ROOT
+
+    out = tmp_path / "run"
+    with two_hosts(isolate_hostname=False) as h:
+        env = {"VIRTUAL_ENV": str(os.path.dirname(os.path.dirname(sys.executable))), "GLOO_SOCKET_IFNAME": None,
+               "MASTER_ADDR": None, "MASTER_PORT": None}
+        cmd = ["bash", str(ROOT / "launch.sh"), "2", "-f", str(h.hostfile), "--model", "tiny", "--precision", "fp32",
+               "--max-steps", "10", "--log-every", "5", "--progress", "off", "--output-dir", str(out)]
+        r = h.run_in(h.namespaces[0], cmd, env=env, timeout=MPIRUN_TIMEOUT, cwd=ROOT)
+    log = f"rc={r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, log
+    assert "2 rank(s) via intel-mpi" in r.stdout, log
+    summary = json.loads((out / "summary.json").read_text())
+    ranks = summary["ranks"]
+    assert [v["rank"] for v in ranks] == [0, 1]
+    assert summary["steps"] == 10 and ranks[0]["steps"] == ranks[1]["steps"] == 10
+    assert ranks[0]["final_loss"] == ranks[1]["final_loss"] == summary["final_loss"]
+    assert ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+    # Each node planned its own binding: one rank per node gets all of that node's CPUs.
+    topo = json.loads((out / "topology.json").read_text())["ranks"]
+    assert all(t["binding"] == "bound by corecpu.bind" for t in topo), topo
+    # ...and gloo found the veth on its own (the hostname would have led it to loopback).
+    assert [t["gloo_socket_ifname"] for t in topo] == [h.iface, h.iface], topo
