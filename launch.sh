@@ -67,7 +67,7 @@ if [[ ! -f "$stamp_file" || "$(cat "$stamp_file" 2>/dev/null)" != "$(stamp_of)" 
       python3 -m venv "$here/.venv" || die "python3 -m venv failed; install python3-venv or activate a virtualenv first"
     fi
     echo "launch.sh: installing corecpu and its pinned dependencies (first run only)" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check -c "$here/constraints.txt" -e "$here[test]" >&2 \
+    "$py" -m pip install -qq --disable-pip-version-check -c "$here/constraints.txt" -e "$here[test]" >&2 \
       || die "pip install failed (see above); fix the error and run launch.sh again"
     stamp_of > "$stamp_file"
   fi
@@ -118,6 +118,8 @@ if [[ -z "$launcher" ]]; then
 fi
 [[ "$launcher" == torchrun && -n "$hostfile" ]] && die "-f HOSTFILE needs mpirun; pip install impi-rt, or run torchrun on each host yourself"
 
+# Ranks write through mpirun's pipes; tell rank 0 when a person is watching, for the progress bar.
+[[ -t 1 ]] && export CORECPU_TTY=1
 bind=("$py" -m corecpu.bind "${oversub[@]}" --)
 train=("$py" -u "$here/train.py" "${train_args[@]}")
 if [[ "$launcher" == mpirun ]]; then
@@ -125,8 +127,7 @@ if [[ "$launcher" == mpirun ]]; then
   export I_MPI_PIN=0
   cmd=(mpirun -n "$nranks")
   [[ -n "$hostfile" ]] && cmd+=(-f "$hostfile" -ppn "$ppn")
-  # Pass the variables the ranks need to every host (-genvlist reaches remote hosts too).
-  cmd+=(-genvlist "MASTER_ADDR,MASTER_PORT,PATH${GLOO_SOCKET_IFNAME:+,GLOO_SOCKET_IFNAME}")
+  # Intel MPI propagates the whole environment (MASTER_*, PATH, ...) to every host by default.
   cmd+=("${bind[@]}" "${train[@]}")
 else
   export OMP_NUM_THREADS=1  # corecpu.bind replaces it per rank; this silences torchrun's notice

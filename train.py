@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import get_linear_schedule_with_warmup
 
@@ -32,7 +31,8 @@ from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.hardware import choose_precision, ipex_status, read_cpu_features
 from corecpu.launchers import detect_launcher
-from corecpu.metrics import MetricsLog, Throughput, eval_counts, format_step, make_progress, scores_from_counts
+from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
+                             scores_from_counts)
 from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
 from corecpu.threads import binding_report, configure_threads
 
@@ -47,7 +47,7 @@ def main() -> None:
 
 def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     rank, world = ctx.rank, ctx.world_size
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console()
     say = console.print if ctx.is_main else (lambda *a, **k: None)
 
     # -------------------------------------------------------------- set-up
@@ -97,7 +97,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         model, optimizer = ipex_mod.optimize(model, optimizer=optimizer, dtype=precision.autocast_dtype or torch.float32)
         scheduler.optimizer = optimizer
     if cfg.compile:
-        model = torch.compile(model)
+        model = torch.compile(model, dynamic=True)  # dynamic padding: a new sequence length nearly every batch
     ddp = DDP(model) if world > 1 else model  # DDP broadcasts rank 0's weights at construction
     unwrapped = model._orig_mod if cfg.compile else model
 

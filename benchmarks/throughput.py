@@ -42,6 +42,8 @@ VARIANTS = ("corecpu", "plain_ddp", "hf_trainer")
 BASELINE = "hf_trainer"
 MODEL_SPECS = {"minilm": "default", "tiny": "tiny"}  # our name -> corecpu's --model value
 console = Console(highlight=False)
+if not console.is_terminal:
+    console.width = 150  # logs and pipes: keep table rows on one line
 
 
 def parse_args() -> argparse.Namespace:

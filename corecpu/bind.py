@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from typing import NoReturn, Sequence
@@ -137,24 +136,6 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         return 1  # unreachable: exec replaced us
 
     run_cli(run)
-
-
-def binding_report() -> dict:
-    """Where this process actually runs; train.py gathers these into topology.json."""
-    cpus = sorted(os.sched_getaffinity(0))
-    from corecpu.topology import format_cpu_list
-
-    torch = sys.modules.get("torch")
-    return {
-        "pid": os.getpid(),
-        "hostname": socket.gethostname(),
-        "cpus": format_cpu_list(cpus),
-        "num_cpus": len(cpus),
-        "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "bound_cpus": os.environ.get(BOUND_CPUS_VAR),
-        "plan_note": os.environ.get(PLAN_NOTE_VAR),
-    }
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ the whole evaluation set, whatever way it was sharded.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,9 +92,18 @@ def format_step(record: dict[str, Any], total_steps: int) -> str:
             f"{record['samples_per_s']:8.1f} samples/s | {record['tokens_per_s']:9.0f} tokens/s")
 
 
+def on_terminal() -> bool:
+    # Under mpirun rank 0 writes into a pipe; launch.sh says whether that pipe ends at a terminal.
+    return sys.stdout.isatty() or os.environ.get("CORECPU_TTY") == "1"
+
+
+def make_console() -> Console:
+    return Console(highlight=False, soft_wrap=True, force_terminal=True if on_terminal() else None)
+
+
 def make_progress(mode: str, console: Console) -> Progress | None:
     """A rich progress bar, or None where it would only clutter a log file."""
-    if mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
+    if mode == "off" or (mode == "auto" and not on_terminal()):
         return None
     return Progress(
         TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from corecpu.bind import BOUND_CPUS_VAR as BOUND_VAR, PLAN_NOTE_VAR
 from corecpu.launchers import LaunchInfo
 
-BOUND_VAR = "CORECPU_BOUND_CPUS"  # set by corecpu.bind for the ranks it started
 DECISION_VAR = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has (for topology.json)
 
 
@@ -121,4 +121,5 @@ def binding_report() -> dict:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "binding": os.environ.get(DECISION_VAR, "not configured"),
         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "plan_note": os.environ.get(PLAN_NOTE_VAR),
     }

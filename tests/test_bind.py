@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corecpu.bind import binding_report, prepare
+from corecpu.bind import prepare
+from corecpu.threads import binding_report
 from corecpu.errors import CoreCPUError
 
 try:
@@ -122,10 +123,13 @@ def test_command_errors(argv, message):
     assert str(err.value) == message
 
 
-def test_binding_report_keys():
+def test_binding_report_describes_this_process():
+    import torch
+
     report = binding_report()
-    assert {"pid", "hostname", "cpus", "torch_threads", "omp_num_threads"} <= set(report)
     assert report["pid"] == os.getpid()
+    assert report["cpus"] == sorted(os.sched_getaffinity(0))
+    assert report["torch_threads"] == torch.get_num_threads()
 
 
 def run_bound(args: list[str], env_extra: dict[str, str]) -> subprocess.CompletedProcess:
