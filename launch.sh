@@ -66,8 +66,12 @@ if [[ ! -f "$stamp_file" || "$(cat "$stamp_file" 2>/dev/null)" != "$(stamp_of)" 
       echo "launch.sh: creating $here/.venv" >&2
       python3 -m venv "$here/.venv" || die "python3 -m venv failed; install python3-venv or activate a virtualenv first"
     fi
-    echo "launch.sh: installing corecpu and its pinned dependencies (first run only)" >&2
-    "$py" -m pip install -qq --disable-pip-version-check -c "$here/constraints.txt" -e "$here[test]" >&2 \
+    # An environment that already has torch keeps it (e.g. torch 2.8 for IPEX 2.8): corecpu accepts
+    # any torch >= 2.8, and the 2.13.0 pin is only there so a fresh install avoids the CUDA build.
+    pin=(-c "$here/constraints.txt")
+    "$py" -c 'import torch' 2>/dev/null && pin=()
+    echo "launch.sh: installing corecpu and its dependencies into $(dirname "$(dirname "$py")") (first run only)" >&2
+    "$py" -m pip install -qq --disable-pip-version-check "${pin[@]}" -e "$here[test]" >&2 \
       || die "pip install failed (see above); fix the error and run launch.sh again"
     stamp_of > "$stamp_file"
   fi

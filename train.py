@@ -19,6 +19,7 @@ import shutil
 import time
 from pathlib import Path
 
+from corecpu.threads import CPUS_AT_START, binding_report, configure_threads  # before torch: see threads.py
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -29,18 +30,18 @@ from corecpu.config import TrainConfig, parse_config
 from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load_data, set_epoch, steps_per_epoch
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed
 from corecpu.errors import CoreCPUError, run_cli
-from corecpu.hardware import choose_precision, ipex_status, read_cpu_features
+from corecpu import ipex as ipex_support
+from corecpu.hardware import choose_precision, read_cpu_features
 from corecpu.launchers import detect_launcher
 from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
                              scores_from_counts)
 from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
-from corecpu.threads import binding_report, configure_threads
 
 
 def main() -> None:
     cfg = parse_config(description=__doc__.split("\n")[0])
     # Importing torch starts no threads; its OpenMP pool starts at the first op, after this.
-    threads = configure_threads(detect_launcher(os.environ), cfg.threads)
+    threads = configure_threads(detect_launcher(os.environ), cfg.threads, CPUS_AT_START)
     with distributed(cfg.backend, cfg.dist_timeout) as ctx:
         train(cfg, ctx, threads)
 
@@ -82,20 +83,24 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
 
-    optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr)
+    # The fused CPU kernel updates all parameters in one pass: 16 ms instead of 125 ms per step for
+    # MiniLM (measured). IPEX, when used, brings its own step and expects the plain optimizer.
+    ipex = ipex_support.wanted(cfg.ipex)
+    use_ipex = ipex is not None and ipex.usable
+    optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr, fused=not use_ipex)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
     loop = ckpt.LoopState()
     if resume_from is not None:
         loop, warning = ckpt.load_checkpoint(resume_from, model, optimizer, scheduler, rank, world)
-        if warning:
-            say(f"[yellow]warning:[/] {warning}")
+        changes = ckpt.config_changes(resume_from, cfg.to_dict())
+        for note in ([warning] if warning else []) + ([f"resuming with changed settings: {'; '.join(changes)}"] if changes else []):
+            say(f"[yellow]warning:[/] {note}")
+    elif ckpt.list_checkpoints(cfg.output_dir):
+        say(f"note: {cfg.output_dir} holds checkpoints of an earlier run; this fresh run's checkpoints replace them "
+            "(use --resume auto to continue that run instead)")
 
-    ipex = ipex_status()
-    if cfg.ipex == "auto" and ipex.usable:
-        import intel_extension_for_pytorch as ipex_mod
-
-        model, optimizer = ipex_mod.optimize(model, optimizer=optimizer, dtype=precision.autocast_dtype or torch.float32)
-        scheduler.optimizer = optimizer
+    if use_ipex:
+        model, optimizer = ipex_support.optimize(model, optimizer, scheduler, precision)
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # dynamic padding: a new sequence length nearly every batch
     ddp = DDP(model) if world > 1 else model  # DDP broadcasts rank 0's weights at construction
@@ -116,7 +121,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
 
     say(f"[bold]corecpu[/] {world} rank(s) via {ctx.info.launcher}, backend {ctx.backend} ({ctx.backend_reason})")
     say(f"model {model_desc}; precision {precision.name} ({precision.reason}); {threads} thread(s) per rank; "
-        f"ipex: {ipex.reason if cfg.ipex == 'auto' else 'off'}")
+        f"ipex: {f'ipex.optimize applied ({precision.name}); ' if use_ipex else ''}{ipex.reason if ipex else 'off'}")
     say(f"data {len(train_data)} train / {len(eval_data) if eval_data else 0} eval examples, labels {label_names}; "
         f"global batch {cfg.batch_size * world * cfg.grad_accum}; {total_steps} steps"
         + (f"; resuming from {resume_from} (step {loop.step})" if resume_from else ""))

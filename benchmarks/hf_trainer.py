@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +111,7 @@ def main() -> None:
     trainer = RecordingTrainer(model=model, args=training_args, train_dataset=items,
                                data_collator=DataCollatorWithPadding(tokenizer), callbacks=[clock])
     trainer.train()
+    shutil.rmtree(workdir, ignore_errors=True)
 
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0

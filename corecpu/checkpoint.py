@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,13 +64,24 @@ def checkpoint_root(output_dir: str | Path) -> Path:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first by the time they were saved.
+
+    Not by step: a fresh run into a directory that still holds a longer, older run
+    must neither have its new checkpoints pruned nor resume from the stale ones.
+    """
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "meta.json").is_file()
-             and p.name[len(PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    found = []
+    for p in root.iterdir():
+        if not (p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()):
+            continue
+        try:
+            saved_at = json.loads((p / "meta.json").read_text()).get("saved_at", 0.0)
+        except (OSError, ValueError):
+            continue  # no readable meta.json: not a complete checkpoint
+        found.append((saved_at, int(p.name[len(PREFIX):]), p))
+    return [p for _, _, p in sorted(found)]
 
 
 def save_checkpoint(
@@ -103,7 +115,7 @@ def save_checkpoint(
             tmp / "state.pt",
         )
         meta = {"step": loop.step, "epoch": loop.epoch, "batches_in_epoch": loop.batches_in_epoch,
-                "world_size": len(states), "config": config, **loop.extra}
+                "world_size": len(states), "saved_at": time.time(), "config": config, **loop.extra}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         if final.exists():  # the same step saved twice (e.g. --save-every hits the last step)
             shutil.rmtree(final)
@@ -129,14 +141,32 @@ def find_resume(output_dir: str | Path, resume: str) -> Path | None:
     return path
 
 
+# Settings that change the math of the run; anything else (logging, paths) may differ on resume.
+RUN_DEFINING = ("model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio",
+                "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "text_column",
+                "text_pair_column", "label_column")
+
+
+def config_changes(path: Path, config: dict[str, Any]) -> list[str]:
+    """'name: saved -> now' for each run-defining setting that differs from the checkpoint's."""
+    saved = json.loads((path / "meta.json").read_text()).get("config", {})
+    return [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in RUN_DEFINING if k in saved and saved[k] != config.get(k)]
+
+
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int, world_size: int
 ) -> tuple[LoopState, str | None]:
     """Restore in place; returns the loop state and a warning if the rank count changed."""
     meta = json.loads((path / "meta.json").read_text())
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        was = meta.get("config", {}).get("model", "?")
+        raise CoreCPUError(f"checkpoint {path} does not fit this model (it was written for --model {was}: {first}); "
+                           "resume with the same --model, or start fresh in another --output-dir") from None
     scheduler.load_state_dict(state["scheduler"])
     warning = None
     rngs = state["rng"]
@@ -145,6 +175,7 @@ def load_checkpoint(
     else:
         warning = (f"checkpoint was written by {len(rngs)} ranks and this run has {world_size}: "
                    "data order and RNG streams will differ from an uninterrupted run")
-    extra = {k: v for k, v in meta.items() if k not in ("step", "epoch", "batches_in_epoch", "world_size", "config")}
+    extra = {k: v for k, v in meta.items()
+             if k not in ("step", "epoch", "batches_in_epoch", "world_size", "saved_at", "config")}
     loop = LoopState(meta["step"], meta["epoch"], meta["batches_in_epoch"], extra)
     return loop, warning

@@ -1,8 +1,7 @@
 """Which launcher started this process, and what rank it is.
 
 One small class per launcher, each with `detect()` and `read()`, tried in a fixed
-order: the launcher that sets the most specific variables wins. torchrun/ipexrun
-come first because they may run *under* Slurm or mpirun and then their RANK is
+order: the launcher that sets the most specific variables wins. torchrun comes first because they may run *under* Slurm or mpirun and then their RANK is
 the one that counts. Nothing here touches torch.
 """
 
@@ -79,7 +78,11 @@ class Launcher:
 
 
 class TorchElastic(Launcher):
-    """torchrun, ipexrun, and anything else that speaks the torch.distributed env protocol."""
+    """torchrun and anything else that speaks the torch.distributed env protocol.
+
+    (ipexrun is not one of them: `ipexrun cpu --nnodes` starts ranks through Intel MPI's
+    mpiexec.hydra, so they show up as intel-mpi with PMI_* variables.)
+    """
 
     name = "torchrun"
     rank_var, size_var = "RANK", "WORLD_SIZE"

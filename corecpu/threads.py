@@ -20,6 +20,11 @@ from typing import Mapping
 from corecpu.bind import BOUND_CPUS_VAR as BOUND_VAR, PLAN_NOTE_VAR
 from corecpu.launchers import LaunchInfo
 
+# Read at import, which train.py does before importing torch: with OMP_PROC_BIND set (by
+# ipexrun, or by corecpu.bind's plan) libgomp pins the loading thread to the first of the
+# rank's CPUs as torch loads, and the set the launcher gave the rank is no longer visible.
+CPUS_AT_START = frozenset(os.sched_getaffinity(0))
+
 DECISION_VAR = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has (for topology.json)
 
 
@@ -68,9 +73,8 @@ def decide_threads(
     return ThreadDecision(share, None, "cores divided by local ranks")
 
 
-def configure_threads(info: LaunchInfo, requested: int) -> int:
+def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int] = CPUS_AT_START) -> int:
     """Apply decide_threads to this process. Call before any torch operation runs."""
-    affinity = frozenset(os.sched_getaffinity(0))
     online = _online_cpus() or affinity
     unbound = container_cpus() or online
     planned = None
@@ -109,6 +113,22 @@ def _plan_share(info: LaunchInfo) -> frozenset[int] | None:
         return None
 
 
+def process_cpus() -> list[int]:
+    """CPUs this process runs on: the union over its threads, since OpenMP may bind each
+    thread to one CPU of the rank's set (sched_getaffinity(0) sees only the calling thread)."""
+    from corecpu.topology import parse_cpu_list
+
+    cpus: set[int] = set()
+    for status in Path("/proc/self/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    cpus |= set(parse_cpu_list(line.split(":", 1)[1].strip()))
+        except OSError:
+            continue  # the thread exited while we looked
+    return sorted(cpus or os.sched_getaffinity(0))
+
+
 def binding_report() -> dict:
     """What this rank actually runs on, as seen from inside it (for OUTPUT_DIR/topology.json)."""
     import torch
@@ -116,7 +136,7 @@ def binding_report() -> dict:
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "cpus": sorted(os.sched_getaffinity(0)),
+        "cpus": process_cpus(),
         "torch_threads": torch.get_num_threads(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "binding": os.environ.get(DECISION_VAR, "not configured"),

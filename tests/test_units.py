@@ -152,3 +152,25 @@ def test_make_data_writes_the_builtin_task_and_refuses_to_overwrite(tmp_path):
     assert len(data) == 50 and data.label_names == ["negative", "positive"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_a_fresh_run_over_an_older_longer_run_keeps_and_resumes_its_own(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    for step in (180, 189):  # the earlier run
+        _save(tmp_path, model, opt, step)
+    for step in (10, 20):  # a fresh run into the same directory
+        _save(tmp_path, model, opt, step)
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000010", "step-00000020"]
+    assert ckpt.find_resume(tmp_path, "auto").name == "step-00000020"
+
+
+def test_resume_reports_changed_settings_and_refuses_another_model(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    path = ckpt.save_checkpoint(tmp_path, model, opt, _Sched(), ckpt.LoopState(5), {"lr": 1e-4, "model": "tiny",
+                                                                                   "log_every": 1}, 2)
+    assert ckpt.config_changes(path, {"lr": 3e-4, "model": "tiny", "log_every": 50}) == ["lr: 0.0001 -> 0.0003"]
+    other = torch.nn.Linear(4, 2)
+    with pytest.raises(CoreCPUError, match="does not fit this model .*--model tiny"):
+        ckpt.load_checkpoint(path, other, torch.optim.AdamW(other.parameters()), _Sched(), 0, 1)
