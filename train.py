@@ -40,7 +40,7 @@ from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
 
 def main() -> None:
     cfg = parse_config(description=__doc__.split("\n")[0])
-    # Importing torch starts no threads; its OpenMP pool starts at the first op, after this.
+    # torch's OpenMP pool starts at the first op, after this; the rank's CPUs were read before torch loaded.
     threads = configure_threads(detect_launcher(os.environ), cfg.threads, CPUS_AT_START)
     with distributed(cfg.backend, cfg.dist_timeout) as ctx:
         train(cfg, ctx, threads)
