@@ -22,28 +22,19 @@ import os
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
+from common import parse_baseline_args  # benchmarks/ is on sys.path when run as a script
 from corecpu.data import builtin_dataset
 from corecpu.modeling import load_model, load_tokenizer
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or 'tiny'")
-    p.add_argument("--batch-size", type=int, default=16, help="per rank (per_device_train_batch_size)")
-    p.add_argument("--max-seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--out-json", type=Path, required=True, help="rank 0 writes the step records here")
-    return p.parse_args()
+    return parse_baseline_args(__doc__.split("\n")[0], "per rank (per_device_train_batch_size)")
 
 
 class StepClock(TrainerCallback):

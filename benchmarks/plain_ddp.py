@@ -22,7 +22,6 @@ import json
 import math
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,21 +29,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
+from common import parse_baseline_args  # benchmarks/ is on sys.path when run as a script
 from corecpu.data import builtin_dataset
 from corecpu.modeling import load_model, load_tokenizer
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or 'tiny'")
-    p.add_argument("--batch-size", type=int, default=16, help="per rank")
-    p.add_argument("--max-seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--out-json", type=Path, required=True, help="rank 0 writes the step records here")
-    return p.parse_args()
+    return parse_baseline_args(__doc__.split("\n")[0])
 
 
 def build_dataset(model: str, max_seq_len: int) -> tuple[list[dict[str, list[int] | int]], object, list[str]]:
