@@ -21,14 +21,13 @@ from pathlib import Path
 
 from corecpu.threads import CPUS_AT_START, binding_report, configure_threads  # before torch: see threads.py
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import get_linear_schedule_with_warmup
 
 from corecpu import checkpoint as ckpt
 from corecpu.config import TrainConfig, parse_config
 from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load_data, set_epoch, steps_per_epoch
-from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed
+from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu import ipex as ipex_support
 from corecpu.hardware import choose_precision, read_cpu_features
@@ -111,11 +110,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None) if ctx.is_main else None
-    reports = [None] * world
-    if world > 1:
-        dist.all_gather_object(reports, binding_report())
-    else:
-        reports[0] = binding_report()
+    reports = gather_objects(binding_report())
     if ctx.is_main:
         (out / "topology.json").write_text(json.dumps({"ranks": reports}, indent=2))
 
@@ -239,13 +234,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     save()
     elapsed = time.perf_counter() - run_start
     # Each rank's own view of the result: DDP replicas must agree on the weights and the loss.
-    mine = {"rank": rank, "host": binding_report()["host"], "steps": loop.step, "final_loss": last_loss,
-            "param_checksum": float(sum(p.detach().double().sum() for p in unwrapped.parameters()))}
-    views = [None] * world
-    if world > 1:
-        dist.all_gather_object(views, mine)
-    else:
-        views[0] = mine
+    views = gather_objects({"rank": rank, "host": reports[rank]["host"], "steps": loop.step, "final_loss": last_loss,
+                            "param_checksum": float(sum(p.detach().double().sum() for p in unwrapped.parameters()))})
     if ctx.is_main:
         (out / "summary.json").write_text(json.dumps({
             "steps": loop.step, "seconds": elapsed, "final_loss": last_loss, "last_eval": last_scores,

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from corecpu.dist import gather_objects
 from corecpu.errors import CoreCPUError
 
 PREFIX = "step-"
@@ -95,11 +96,7 @@ def save_checkpoint(
 ) -> Path | None:
     """Collective: every rank calls it; rank 0 writes. Returns the directory on rank 0."""
     rank = dist.get_rank() if dist.is_initialized() else 0
-    states = [None] * (dist.get_world_size() if dist.is_initialized() else 1)
-    if dist.is_initialized():
-        dist.all_gather_object(states, rng_state())
-    else:
-        states[0] = rng_state()
+    states = gather_objects(rng_state())
     final = checkpoint_root(output_dir) / f"{PREFIX}{loop.step:08d}"
     if rank == 0:
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")

@@ -219,6 +219,15 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def gather_objects(obj: object) -> list:
+    """Every rank's `obj`, in rank order, on every rank (a one-element list for one process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
