@@ -59,8 +59,9 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         train_data = load_data(cfg.data, split="train", **columns)
         eval_data = None
-        if cfg.eval_data != "none":
-            eval_data = load_data(cfg.eval_data, split="eval", label_names=train_data.label_names, **columns)
+        eval_spec = cfg.eval_data if cfg.eval_data != "auto" else "none" if Path(cfg.data).suffix else cfg.data
+        if eval_spec != "none":
+            eval_data = load_data(eval_spec, split="eval", label_names=train_data.label_names, **columns)
         model, model_desc = load_model(cfg.model, train_data.label_names, cfg.seed)
         resume_from = ckpt.find_resume(cfg.output_dir, cfg.resume)
         setup_error = None

@@ -27,11 +27,19 @@ class TrainConfig:
                       "offline) or 'tiny' (small random BERT for tests)", metavar="PATH")
     data: str = _opt("builtin", "training data: a .tsv/.csv/.jsonl file, or 'builtin' (generated sentiment task)",
                      metavar="PATH")
-    eval_data: str = _opt("builtin", "evaluation data: a file, 'builtin', or 'none' to skip evaluation", metavar="PATH")
+    eval_data: str = _opt("auto", "evaluation data: a file, 'none' to skip evaluation, or 'auto' (the held-out split "
+                          "of a built-in --data; none for a file)", metavar="PATH")
+    data_format: str = _opt("auto", "format of --data/--eval-data files; auto: from the extension",
+                            choices=("auto", "tsv", "csv", "jsonl"))
+    header: bool = _opt(True, "TSV/CSV files start with a header line (--no-header: pick columns by index)")
     text_column: str = _opt("", "column (name or 0-based index) holding the text; inferred when empty", metavar="COL")
     text_pair_column: str = _opt("", "column holding the second sentence of a pair, if any", metavar="COL")
     label_column: str = _opt("", "column holding the label; inferred when empty", metavar="COL")
     max_seq_len: int = _opt(128, "truncate inputs to this many tokens (batches pad to their longest input)")
+    group_by_length: bool = _opt(True, "batch examples of similar length together (less padding; DDP-aware, "
+                                 "deterministic from --seed)")
+    pad_to_multiple_of: int = _opt(0, "pad each batch's length up to a multiple of N (0: to its longest input); "
+                                   "few distinct shapes help --compile")
     # -- optimisation
     batch_size: int = _opt(16, "examples per rank per micro-step (global batch = this x ranks x --grad-accum)")
     grad_accum: int = _opt(1, "micro-steps per optimizer step; gradients sync only on the last one")
@@ -47,11 +55,15 @@ class TrainConfig:
                           choices=("auto", "fp32", "bf16"))
     backend: str = _opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo",
                         choices=("auto", "gloo", "ccl", "mpi"))
+    allreduce: str = _opt("auto", "gradient all-reduce: auto (Intel MPI's shared-memory collectives via mpi4py when "
+                          "the ranks were started by MPI, else gloo), gloo, mpi", choices=("auto", "gloo", "mpi"))
     compile: bool = _opt(False, "apply torch.compile to the model")
     ipex: str = _opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",
                      choices=("auto", "off"))
     threads: int = _opt(0, "compute threads per rank (0: this rank's cores, as bound by the launcher or planned here)")
     dist_timeout: float = _opt(120.0, "seconds to wait for all ranks at start-up before failing with a clear error")
+    step_timeout: float = _opt(300.0, "after the first step, seconds without progress from any rank before the job "
+                               "ends naming the ranks that stopped (raised to several times the slowest step seen)")
     # -- output
     output_dir: str = _opt("runs/default", "where metrics.jsonl, checkpoints/ and final/ go", metavar="DIR")
     log_every: int = _opt(10, "log one line and one metrics.jsonl record every N optimizer steps")
@@ -59,6 +71,8 @@ class TrainConfig:
     keep_checkpoints: int = _opt(2, "keep the newest K checkpoints")
     resume: str = _opt("", "'auto': continue from the newest complete checkpoint in --output-dir; or a checkpoint dir",
                        metavar="auto|DIR")
+    report_to: str = _opt("none", "experiment trackers, comma-separated: none, tensorboard, mlflow, wandb",
+                          metavar="LIST")
     progress: str = _opt("auto", "rich progress bar on rank 0: auto (only on a terminal), on, off",
                          choices=("auto", "on", "off"))
 
@@ -67,16 +81,17 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise CoreCPUError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "save_every", "threads", "max_grad_norm", "weight_decay"):
+        for name in ("max_steps", "save_every", "threads", "max_grad_norm", "weight_decay", "pad_to_multiple_of"):
             if getattr(self, name) < 0:
                 raise CoreCPUError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise CoreCPUError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:
             raise CoreCPUError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.dist_timeout <= 0:
-            raise CoreCPUError(f"--dist-timeout must be positive seconds, got {self.dist_timeout}")
-        for name in ("precision", "backend", "ipex", "progress"):
+        for name in ("dist_timeout", "step_timeout"):
+            if not getattr(self, name) > 0:
+                raise CoreCPUError(f"--{name.replace('_', '-')} must be positive seconds, got {getattr(self, name)}")
+        for name in ("precision", "backend", "ipex", "progress", "allreduce", "data_format"):
             choices = TrainConfig.__dataclass_fields__[name].metadata["choices"]
             if getattr(self, name) not in choices:
                 raise CoreCPUError(f"--{name} {getattr(self, name)!r} is not one of: {', '.join(choices)}")

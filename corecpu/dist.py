@@ -175,12 +175,14 @@ def init_distributed(
     backend: str = "auto",
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     env: MutableMapping[str, str] | None = None,
+    info: LaunchInfo | None = None,
 ) -> DistContext:
-    """Read the launcher's environment and, for more than one rank, create the process group."""
+    """For more than one rank, create the process group. `info` is the launcher detected once by the
+    caller (corecpu.setup); without it the environment is read here."""
     env = os.environ if env is None else env
     if startup_timeout_s <= 0:
-        raise CoreCPUError(f"--dist-timeout must be positive, got {startup_timeout_s:g}; pass e.g. --dist-timeout 120")
-    info = detect_launcher(env)
+        raise CoreCPUError(f"dist_timeout must be positive, got {startup_timeout_s:g} seconds")
+    info = detect_launcher(env) if info is None else info
     chosen, reason = choose_backend(backend)
     if not info.distributed:
         return DistContext(info, "none", "single process", "", 0)
