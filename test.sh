@@ -4,6 +4,6 @@
 #   ./test.sh -m "not e2e"    # pure and multi-process tiers only; any pytest arguments work
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-py="$("$here/launch.sh" --setup-only)"
+py="$("$here/launch.sh" --setup-only test)"
 cd "$here"
 exec "$py" -m pytest "$@"

@@ -18,12 +18,18 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import NoReturn, Sequence
+from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
+from corecpu import envvars
 from corecpu.errors import CoreCPUError, run_cli
 
-BOUND_CPUS_VAR = "CORECPU_BOUND_CPUS"
-PLAN_NOTE_VAR = "CORECPU_PLAN_NOTE"
+if TYPE_CHECKING:
+    from corecpu.launchers import LaunchInfo
+    from corecpu.plan import Plan, PlanRequest, RankPlan
+    from corecpu.topology import Topology
+
+BOUND_CPUS_VAR = envvars.BOUND_CPUS
+PLAN_NOTE_VAR = envvars.PLAN_NOTE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,13 +66,15 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     from dataclasses import replace
 
     from corecpu.launchers import detect_launcher
-    from corecpu.plan import make_plan, request_from_args
-    from corecpu.topology import format_cpu_list, topology_from_args
+    from corecpu.plan import request_from_args
+    from corecpu.topology import topology_from_args
 
     options, cmd = split_command(argv)
     args = build_parser().parse_args(options)
     info = detect_launcher(environ)
     request = request_from_args(args)
+    if args.backend is None:  # what the user asked the launcher for (./launch.sh 2 --backend ccl)
+        request = replace(request, backend=plan_backend(environ))
     if request.nproc != "auto" and request.nproc != info.local_world_size and info.launcher == "single":
         raise CoreCPUError(
             f"--nproc {request.nproc} but no launcher started this process, so it is 1 rank; "
@@ -77,13 +85,55 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
             f"--nproc {request.nproc} but {info.launcher} started {info.local_world_size} rank(s) on this node; "
             "drop --nproc or start the same number of ranks"
         )
-    # The launcher decides how many ranks exist; the plan can only make them fit.
-    request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
     # A launcher may have pinned us already (Open MPI binds to a core for np <= 2,
     # Intel MPI to its domain): plan from the cgroup's CPUs, not that narrowed mask.
     topology = topology_from_args(args, read_isa=False, allowed_from_cpuset=args.allowed_cpus is None, env=environ)
+    plan, rank = plan_rank(info, environ, topology, request)
+    env = rank_environment(plan, rank, environ)
+
+    messages = []
+    if info.local_rank == 0:
+        messages += [f"corecpu.bind: warning: {w}" for w in plan.warnings]
+
+    prefix = [] if args.no_membind else list(rank.membind)
+    if prefix and not _numactl_works(prefix, env):
+        if info.local_rank == 0:
+            messages.append("corecpu.bind: numactl cannot set a memory policy here (no CAP_SYS_NICE?); memory not bound")
+        prefix = []
+    return prefix + cmd, env, rank.cpus, messages
+
+
+def plan_backend(environ: Mapping[str, str]) -> str:
+    """The backend the plan reserves cores for: the one the launcher was asked for (CORECPU_BACKEND)."""
+    asked = environ.get(envvars.BACKEND, "auto")
+    if asked == "auto":
+        from corecpu.hardware import ccl_status
+
+        return "ccl" if ccl_status().usable else "gloo"
+    return "ccl" if asked == "ccl" else "gloo"
+
+
+def plan_rank(info: "LaunchInfo", environ: Mapping[str, str], topology: "Topology | None" = None,
+              request: "PlanRequest | None" = None) -> tuple["Plan", "RankPlan"]:
+    """This node's plan and this rank's share of it: the one planning path for `bind` and `corecpu.setup()`."""
+    from dataclasses import replace
+
+    from corecpu.plan import PlanRequest, make_plan
+    from corecpu.topology import read_topology
+
+    if request is None:
+        request = PlanRequest(backend=plan_backend(environ))
+    # The launcher decides how many ranks exist; the plan can only make them fit.
+    request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
+    if topology is None:
+        topology = read_topology(allowed_from_cpuset=True, env=environ)
     plan = make_plan(topology, request)
-    rank = plan.ranks[info.local_rank]
+    return plan, plan.ranks[info.local_rank]
+
+
+def rank_environment(plan: "Plan", rank: "RankPlan", environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` plus what the plan sets for this rank (threads, affinity variables, allocator, notes)."""
+    from corecpu.topology import format_cpu_list
 
     env = dict(environ)
     for key, value in plan.env.items():
@@ -96,17 +146,7 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     env[BOUND_CPUS_VAR] = format_cpu_list(rank.cpus)
     if plan.warnings or plan.notes:
         env[PLAN_NOTE_VAR] = "; ".join(plan.warnings + plan.notes)
-
-    messages = []
-    if info.local_rank == 0:
-        messages += [f"corecpu.bind: warning: {w}" for w in plan.warnings]
-
-    prefix = [] if args.no_membind else list(rank.membind)
-    if prefix and not _numactl_works(prefix, env):
-        if info.local_rank == 0:
-            messages.append("corecpu.bind: numactl cannot set a memory policy here (no CAP_SYS_NICE?); memory not bound")
-        prefix = []
-    return prefix + cmd, env, rank.cpus, messages
+    return env
 
 
 def _numactl_works(prefix: list[str], env: dict[str, str]) -> bool:

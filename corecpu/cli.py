@@ -150,9 +150,19 @@ def cmd_make_data(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- launch
+
+
+def _add_launch(sub: argparse._SubParsersAction) -> None:
+    # Listed for --help only: main() hands `corecpu launch ...` to corecpu.launch untouched, because
+    # the script's own arguments (-n, -f, ...) must not be parsed here.
+    sub.add_parser("launch", help="start N ranks of a script, each bound to its own cores (corecpu launch -h)",
+                   add_help=False)
+
+
 # ---------------------------------------------------------------- wiring
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_plan, _add_make_data)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_plan, _add_make_data, _add_launch)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:1] == ["launch"]:
+        from corecpu.launch import main as launch_main
+
+        launch_main(args_in[1:])
+
     def run() -> int:
         args = build_parser().parse_args(argv)
         return args.func(args)

@@ -388,8 +388,9 @@ def add_request_arguments(parser: argparse.ArgumentParser, *, nproc_help: str | 
     group = parser.add_argument_group("plan")
     group.add_argument("--nproc", default="auto", metavar="N|auto",
                        help=nproc_help or "ranks on this node (default auto: one per NUMA node)")
-    group.add_argument("--backend", choices=("gloo", "ccl"), default="gloo",
-                       help="process-group backend; ccl reserves one CCL worker core per rank by default")
+    group.add_argument("--backend", choices=("gloo", "ccl"), default=None,
+                       help="process-group backend; ccl reserves one CCL worker core per rank by default "
+                       "(default: gloo; under corecpu.bind, the launcher's $CORECPU_BACKEND)")
     group.add_argument("--ccl-workers", type=int, default=None, metavar="K",
                        help="CCL worker threads per rank, each on one of the rank's cores (default: 1 with ccl, else 0)")
     group.add_argument("--use-logical-cores", action="store_true", help="compute on hyperthread siblings too")
@@ -413,7 +414,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         raise CoreCPUError(f"bad NUMA node list '{args.numa_nodes}'; expected e.g. 0 or 0-1") from None
     return PlanRequest(
         nproc=nproc,
-        backend=args.backend,
+        backend=args.backend or "gloo",
         ccl_workers=args.ccl_workers,
         use_logical_cores=args.use_logical_cores,
         numa_nodes=nodes,

@@ -4,8 +4,14 @@ launch.sh binds each rank through `python -m corecpu.bind` before Python even
 imports torch. Other launchers differ: torchrun binds nothing and sets
 OMP_NUM_THREADS=1; ipexrun and Intel MPI pin each rank to its own CPUs. The
 rule here: respect a binding someone else made, and where nobody bound this
-rank, plan this node's cores and bind in-process, so that ranks never all run
-on every core.
+rank, plan this node's cores (the same plan `bind` makes) and bind in-process,
+so that ranks never all run on every core.
+
+The user need not import corecpu before torch: the CPUs a rank was given are
+known from CORECPU_BOUND_CPUS (bind), or from the affinity at `import corecpu`,
+or from the affinity now. Only when torch loaded first *and* an OpenMP binding
+variable was set (libgomp then pins the loading thread to one CPU) is the
+original set lost; `launcher_cpus` says so.
 """
 
 from __future__ import annotations
@@ -17,15 +23,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from corecpu.bind import BOUND_CPUS_VAR as BOUND_VAR, PLAN_NOTE_VAR
+from corecpu import envvars
 from corecpu.launchers import LaunchInfo
 
-# Read at import, which train.py does before importing torch: with OMP_PROC_BIND set (by
+BOUND_VAR, PLAN_NOTE_VAR, DECISION_VAR = envvars.BOUND_CPUS, envvars.PLAN_NOTE, envvars.THREADS_DECISION
+
+# Read at `import corecpu` (the package imports this module): with OMP_PROC_BIND set (by
 # ipexrun, or by corecpu.bind's plan) libgomp pins the loading thread to the first of the
 # rank's CPUs as torch loads, and the set the launcher gave the rank is no longer visible.
 CPUS_AT_START = frozenset(os.sched_getaffinity(0))
+TORCH_LOADED_FIRST = "torch" in sys.modules
+_OMP_BINDING_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
 
-DECISION_VAR = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has (for topology.json)
+
+def launcher_cpus(env: Mapping[str, str] = os.environ) -> tuple[frozenset[int], str | None]:
+    """The CPUs the launcher gave this process, and a warning when they can no longer be known."""
+    from corecpu.topology import parse_cpu_list
+
+    if env.get(BOUND_VAR):
+        return frozenset(parse_cpu_list(env[BOUND_VAR])), None
+    if TORCH_LOADED_FIRST and any(env.get(v) for v in _OMP_BINDING_VARS):
+        bound = [v for v in _OMP_BINDING_VARS if env.get(v)]
+        return CPUS_AT_START, (f"torch was imported before corecpu with {bound[0]} set, so OpenMP may already have "
+                               f"pinned this process to {len(CPUS_AT_START)} CPU(s); import corecpu first, or start "
+                               "the rank through corecpu.bind (launch.sh does)")
+    return CPUS_AT_START, None
 
 
 @dataclass(frozen=True)
@@ -73,8 +95,10 @@ def decide_threads(
     return ThreadDecision(share, None, "cores divided by local ranks")
 
 
-def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int] = CPUS_AT_START) -> int:
+def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int] | None = None) -> ThreadDecision:
     """Apply decide_threads to this process. Call before any torch operation runs."""
+    if affinity is None:
+        affinity, _ = launcher_cpus()
     online = _online_cpus() or affinity
     unbound = container_cpus() or online
     planned = None
@@ -88,7 +112,7 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
     import torch
 
     torch.set_num_threads(decision.threads)
-    return decision.threads
+    return decision
 
 
 def _online_cpus() -> frozenset[int] | None:
@@ -103,11 +127,10 @@ def _online_cpus() -> frozenset[int] | None:
 def _plan_share(info: LaunchInfo) -> frozenset[int] | None:
     """This rank's CPUs from the node plan; None if planning fails (then divide cores evenly)."""
     try:
-        from corecpu.plan import PlanRequest, make_plan
-        from corecpu.topology import read_topology
+        from corecpu.bind import plan_rank
 
-        plan = make_plan(read_topology(), PlanRequest(nproc=info.local_world_size, allow_oversubscribe=True))
-        return frozenset(plan.ranks[info.local_rank].cpus)
+        _, rank = plan_rank(info, os.environ)
+        return frozenset(rank.cpus)
     except Exception as exc:  # planning is an optimisation here, never a reason to stop training
         print(f"corecpu: warning: could not plan CPU binding ({exc}); dividing cores evenly", file=sys.stderr)
         return None

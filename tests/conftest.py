@@ -1,4 +1,6 @@
-"""Shared fixtures: every test leaves os.environ and torch.distributed as it found them."""
+"""Shared fixtures. Every test must leave os.environ and torch.distributed as it found them:
+a test that leaks either fails (as Lightning Fabric's test suite does), after the state is restored,
+so one careless test cannot make later ones pass or fail by accident."""
 
 from __future__ import annotations
 
@@ -11,17 +13,33 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# Set once by libraries at import (transformers, tokenizers, corecpu.modeling's offline switch); not a test's doing.
+IMPORT_TIME_VARIABLES = {"HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "TOKENIZERS_PARALLELISM",
+                         "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTORCH_NVML_BASED_CUDA_CHECK",
+                         "CUDA_MODULE_LOADING", "TF_CPP_MIN_LOG_LEVEL", "HF_DATASETS_OFFLINE",
+                         "PYTEST_CURRENT_TEST"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "chaos: kills, stops and starves real processes (tier 3)")
+
 
 @pytest.fixture(autouse=True)
-def _restore_environment():
+def _no_leaked_state():
     saved = dict(os.environ)
     yield
+    changed = sorted(k for k in set(saved) | set(os.environ)
+                     if saved.get(k) != os.environ.get(k) and k not in IMPORT_TIME_VARIABLES)
     os.environ.clear()
     os.environ.update(saved)
+    problems = [f"changed os.environ ({', '.join(changed)}); use monkeypatch"] if changed else []
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        problems.append("left a torch.distributed process group alive; destroy it (run.close())")
+    if problems:
+        pytest.fail("test leaked state: " + "; ".join(problems), pytrace=False)
 
 
 def free_port() -> int:

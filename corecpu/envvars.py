@@ -1,0 +1,23 @@
+"""The environment-variable contract between launch.sh / `corecpu launch`, `corecpu.bind` and the loop.
+
+Every CORECPU_* variable corecpu reads or writes is named here, with who sets it and
+who reads it, so the three stages cannot drift apart. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+# Set by corecpu.bind for the rank it execs; read by corecpu.threads / corecpu.setup().
+BOUND_CPUS = "CORECPU_BOUND_CPUS"  # the rank's compute CPUs as a cpulist ("0-3,8"): bind already pinned it
+PLAN_NOTE = "CORECPU_PLAN_NOTE"  # the plan's warnings and notes, for topology.json
+
+# Set by corecpu.threads in the rank itself; read when topology.json is written.
+THREADS_DECISION = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has
+
+# Set by the launcher; read by corecpu.bind (plans for it) and by the loop.
+BACKEND = "CORECPU_BACKEND"  # the process-group backend asked for (auto|gloo|ccl|mpi): ccl reserves a worker core
+TTY = "CORECPU_TTY"  # "1" when the launcher's stdout is a terminal: rank 0 may draw a progress bar
+
+# Read by the precision calibration cache (corecpu.precision).
+CACHE_DIR = "CORECPU_CACHE_DIR"
+
+ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, CACHE_DIR)

@@ -1,0 +1,299 @@
+"""The front door: `run = corecpu.setup()` decides everything about the machine once.
+
+It detects the launcher once, gives this rank its threads and CPUs (the plan
+`corecpu.bind` makes), creates the process group, and resolves the backend,
+the gradient all-reduce path, IPEX and precision. The returned `Run` carries
+those decisions with the reason for each, and the few operations a training
+loop needs: wrap a model, build a loader, autocast, accumulate without syncing,
+reduce numbers, print once. Any `torch.nn.Module` and map-style `Dataset` work.
+
+Precision "auto" is settled in `wrap()`, because the evidence it weighs (how fast
+bf16 runs against fp32) is measured on the model's own shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterator, Mapping, MutableMapping, Sequence
+
+from corecpu import threads as _threads  # before torch: see threads.py
+from corecpu.errors import CoreCPUError
+from corecpu.launchers import LaunchInfo, detect_launcher
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from corecpu import dist as _dist  # noqa: E402
+from corecpu import ipex as _ipex  # noqa: E402
+from corecpu.allreduce import choose_allreduce, make_allreduce  # noqa: E402
+from corecpu.hardware import Extension, read_cpu_features  # noqa: E402
+from corecpu.precision import PrecisionChoice, resolve_for_model, resolve_requested  # noqa: E402
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass
+class _Late:
+    """What is settled after setup(): precision 'auto' (needs the model) and resources to release."""
+
+    precision: PrecisionChoice | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class Run:
+    """One rank's view of the job and every choice made for it. Create with `corecpu.setup()`."""
+
+    launch: LaunchInfo
+    backend: str  # "none" for one process
+    backend_reason: str
+    threads: int
+    threads_reason: str
+    cpus: tuple[int, ...]
+    allreduce: str  # "none", "gloo" or "mpi"
+    allreduce_reason: str
+    ipex: Extension | None  # None: not asked for (ipex="off")
+    compile: bool
+    requested_precision: str
+    master: str  # "host:port" of the rendezvous, "" for one process
+    _late: _Late = field(default_factory=_Late, repr=False, compare=False)
+
+    # ------------------------------------------------------------ who am I
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.launch.local_rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.launch.rank == 0
+
+    @property
+    def precision(self) -> PrecisionChoice | None:
+        """The precision in force; None until wrap() settles 'auto'."""
+        return self._late.precision
+
+    @property
+    def uses_ipex(self) -> bool:
+        return self.ipex is not None and self.ipex.usable
+
+    def describe(self) -> dict[str, str]:
+        """Every resolved choice and why, for the start-up lines, config.json and checkpoints."""
+        p = self._late.precision
+        from corecpu.topology import format_cpu_list
+
+        return {
+            "launcher": f"{self.launch.launcher}: rank {self.rank} of {self.world_size}, "
+                        f"local rank {self.local_rank} of {self.launch.local_world_size}",
+            "backend": f"{self.backend} ({self.backend_reason})",
+            "allreduce": f"{self.allreduce} ({self.allreduce_reason})",
+            "precision": f"{p.name} ({p.reason})" if p else f"{self.requested_precision} (settled when the model is wrapped)",
+            "threads": f"{self.threads} ({self.threads_reason})",
+            "cpus": format_cpu_list(self.cpus),
+            "ipex": ("off" if self.ipex is None else
+                     f"{'ipex.optimize' if self.ipex.usable else 'not used'} ({self.ipex.reason})"),
+            "compile": "torch.compile" if self.compile else "off",
+        }
+
+    def banner(self) -> list[str]:
+        """Two start-up lines a person reads: who runs where, and how it computes (after wrap())."""
+        p = self._late.precision
+        ipex = ("off" if self.ipex is None else f"ipex.optimize applied ({p.name if p else '?'}); {self.ipex.reason}"
+                if self.ipex.usable else self.ipex.reason)
+        return [f"corecpu {self.world_size} rank(s) via {self.launch.launcher}; backend {self.backend} "
+                f"({self.backend_reason}); gradient all-reduce {self.allreduce} ({self.allreduce_reason})",
+                f"precision {self.describe()['precision']}; {self.threads} thread(s) per rank ({self.threads_reason}); "
+                f"ipex: {ipex}; compile {'on' if self.compile else 'off'}"]
+
+    def resolved(self) -> dict[str, Any]:
+        """The machine-dependent choices as plain values: a resume compares them with the checkpoint's."""
+        p = self._late.precision
+        return {"backend": self.backend, "allreduce": self.allreduce, "threads": self.threads,
+                "precision": p.name if p else None, "bf16_speedup": getattr(p, "bf16_speedup", None),
+                "ipex": self.uses_ipex, "world_size": self.world_size}
+
+    # ------------------------------------------------------------ model
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+             scheduler: Any = None) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
+        """Settle precision, then ipex.optimize (where usable), torch.compile (if asked), DDP with the
+        chosen gradient all-reduce (more than one rank). Load checkpoints *before* wrapping: IPEX
+        replaces the optimizer, and a scheduler passed here is pointed at the new one."""
+        precision = self._settle_precision(model)
+        if self.uses_ipex:
+            if optimizer is None:
+                raise CoreCPUError("ipex.optimize for training needs the optimizer; pass it to wrap(), or ipex='off'")
+            model, optimizer = _ipex.optimize(model, optimizer, scheduler, precision)
+        if self.compile:
+            # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
+            model = torch.compile(model, dynamic=True)
+        if self.world_size > 1:
+            # Broadcasting buffers costs a collective before every forward; only running statistics
+            # (batch norm) change during training, and only they need rank 0's copy each step.
+            # Gradients written straight into the all-reduce buckets save a copy of every gradient.
+            model = DistributedDataParallel(model, broadcast_buffers=_has_running_stats(model),
+                                            gradient_as_bucket_view=True)  # broadcasts rank 0's weights
+            if self.allreduce == "mpi":
+                hook = make_allreduce()
+                hook.register(model)
+                self._late.closers.append(hook.close)
+        return model, optimizer
+
+    def _settle_precision(self, model: torch.nn.Module) -> PrecisionChoice:
+        if self._late.precision is None:
+            choice = resolve_for_model(self.requested_precision, read_cpu_features(), unwrap(model), self.threads)
+            self._late.precision = self._agree_precision(choice)
+        return self._late.precision
+
+    def _agree_precision(self, choice: PrecisionChoice) -> PrecisionChoice:
+        # Ranks measure on their own cores; bf16 only if every rank found it faster, so all compute alike.
+        if self.world_size == 1 or choice.name == "bf16" and choice.source != "measured":
+            return choice
+        votes = self.all_reduce_sum([1.0 if choice.name == "bf16" else 0.0])[0]
+        if votes == self.world_size or votes == 0:
+            return choice
+        return PrecisionChoice("fp32", f"{choice.reason}; fp32 because not every rank measured bf16 faster",
+                               choice.warning, choice.bf16_speedup, choice.source)
+
+    def autocast(self) -> ContextManager:
+        """bf16 autocast where the settled precision is bf16, else nothing. Call after wrap()."""
+        p = self._late.precision
+        if p is None:
+            raise CoreCPUError("autocast() before wrap(): precision is settled when the model is wrapped")
+        return torch.autocast("cpu", dtype=torch.bfloat16) if p.name == "bf16" else contextlib.nullcontext()
+
+    @staticmethod
+    def no_sync(model: torch.nn.Module, sync: bool) -> ContextManager:
+        """For gradient accumulation: skip the all-reduce on every micro-step but the last (sync=True)."""
+        if sync or not isinstance(model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return model.no_sync()
+
+    # ------------------------------------------------------------ data
+    def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+               collate_fn: Callable | None = None, drop_last: bool = False,
+               lengths: Sequence[int] | None = None) -> DataLoader:
+        """A DDP loader for a map-style dataset: every rank gets its shard and the same number of batches
+        (the sampler pads with duplicates, as DistributedSampler does). Pass `lengths` to batch examples
+        of similar length together. Resume mid-epoch with `corecpu.data.set_epoch(loader, epoch, skip_batches=k)`."""
+        from corecpu.data import ResumableDistributedSampler
+
+        if batch_size < 1:
+            raise CoreCPUError(f"batch_size must be at least 1, got {batch_size}")
+        sampler = ResumableDistributedSampler(dataset, self.world_size, self.rank, shuffle, seed, batch_size)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
+
+    # ------------------------------------------------------------ collectives
+    def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
+        """Sum a few numbers over all ranks (float64; a copy for one process)."""
+        return _dist.all_reduce_sum(list(values))
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, in rank order, on every rank."""
+        return _dist.gather_objects(obj)
+
+    def barrier(self) -> None:
+        _dist.barrier()
+
+    def print0(self, *args: Any, **kwargs: Any) -> None:
+        """print() on rank 0 only, flushed (ranks' output goes through the launcher's pipes)."""
+        if self.is_main:
+            print(*args, **{"flush": True, **kwargs})
+
+    @contextlib.contextmanager
+    def agreeing(self) -> Iterator[None]:
+        """Every rank runs the body; if it fails with a CoreCPUError on any rank, it fails on all of them,
+        so one rank's bad file stops the job with its message instead of leaving the others in a collective."""
+        failed: CoreCPUError | None = None
+        try:
+            yield
+        except CoreCPUError as exc:
+            failed = exc
+        if self.all_reduce_sum([0.0 if failed is None else 1.0])[0] > 0:
+            raise failed or CoreCPUError("another rank failed during set-up (its error is above)")
+
+    # ------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Release the all-reduce thread and the process group. Safe to call twice."""
+        if self._late.closed:
+            return
+        self._late.closed = True
+        try:
+            for close in reversed(self._late.closers):
+                close()
+        finally:
+            _dist.teardown()
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _has_running_stats(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
+               for m in model.modules())
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's module inside DDP and torch.compile wrappers (what checkpoints and save_pretrained want)."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist_timeout: float = 120.0,
+          allreduce: str = "auto", ipex: str = "auto", compile: bool = False,
+          env: MutableMapping[str, str] | None = None) -> Run:
+    """Detect the launcher, bind threads and CPUs, create the process group; decide once.
+
+    backend: auto|gloo|ccl|mpi (process group); allreduce: auto|gloo|mpi (gradients);
+    precision: auto|fp32|bf16; threads: 0 = this rank's cores; ipex: auto|off.
+    Use as `with corecpu.setup() as run:` or call `run.close()`.
+    """
+    env = os.environ if env is None else env
+    if precision not in PRECISIONS:
+        raise CoreCPUError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if ipex not in ("auto", "off"):
+        raise CoreCPUError(f"ipex must be 'auto' or 'off', got {ipex!r}")
+    if threads < 0:
+        raise CoreCPUError(f"threads must be 0 (this rank's cores) or positive, got {threads}")
+    if not dist_timeout > 0 or not math.isfinite(dist_timeout):
+        raise CoreCPUError(f"dist_timeout must be a positive number of seconds, got {dist_timeout}")
+    info = detect_launcher(env)
+    cpus, warning = _threads.launcher_cpus(env)
+    if warning:
+        print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
+    decision = _threads.configure_threads(info, threads, cpus)
+    ctx = _dist.init_distributed(backend, dist_timeout, env, info=info)
+    try:
+        path, path_reason = choose_allreduce(allreduce, info, env)
+        ext = _ipex.wanted(ipex)
+        run = Run(launch=info, backend=ctx.backend, backend_reason=ctx.backend_reason, threads=decision.threads,
+                  threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()), allreduce=path,
+                  allreduce_reason=path_reason, ipex=ext, compile=compile, requested_precision=precision,
+                  master=f"{ctx.master_addr}:{ctx.master_port}" if ctx.master_addr else "")
+        if precision != "auto":
+            run._late.precision = resolve_requested(precision, read_cpu_features())
+    except BaseException:
+        _dist.teardown()
+        raise
+    return run

@@ -1,0 +1,165 @@
+"""The front door: corecpu.setup() under each launcher's variables, the frozen Run, two ranks through it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+import torch
+
+import corecpu
+from corecpu.errors import CoreCPUError
+from corecpu.launch import LaunchRequest, parse_args, plan_launch
+
+# One process of one under each launcher: setup() must read the launcher and create no process group.
+LAUNCHER_ENVS = {
+    "torchrun": {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+    "intel-mpi": {"PMI_RANK": "0", "PMI_SIZE": "1", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"},
+    "openmpi": {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "1"},
+    "mvapich": {"MV2_COMM_WORLD_RANK": "0", "MV2_COMM_WORLD_SIZE": "1"},
+    "slurm": {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1"},
+    "single": {},
+}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    # setenv first so monkeypatch restores even variables that setup() creates (OMP_NUM_THREADS, ...).
+    names = [n for env in LAUNCHER_ENVS.values() for n in env]
+    for name in names + ["OMP_NUM_THREADS", "CORECPU_THREADS_DECISION", "CORECPU_BOUND_CPUS", "MASTER_ADDR",
+                         "MASTER_PORT"]:
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    threads = torch.get_num_threads()
+    yield monkeypatch
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHER_ENVS))
+def test_setup_reads_each_launcher_once_without_a_process_group(clean_env, launcher):
+    for k, v in LAUNCHER_ENVS[launcher].items():
+        clean_env.setenv(k, v)
+    with corecpu.setup(precision="fp32", allreduce="auto", ipex="off") as run:
+        assert run.launch.launcher == launcher
+        assert (run.rank, run.world_size, run.local_rank, run.is_main) == (0, 1, 0, True)
+        assert not torch.distributed.is_initialized()
+        d = run.describe()
+        assert d["backend"].startswith("none") and d["allreduce"].startswith("none")
+        assert d["precision"].startswith("fp32") and d["ipex"] == "off"
+        assert run.threads >= 1 and str(run.threads) in d["threads"]
+        assert run.resolved()["precision"] == "fp32"
+
+
+def test_run_is_frozen(clean_env):
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            run.threads = 99  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"precision": "fp16"}, "precision must be one of"),
+    ({"threads": -1}, "threads must be"),
+    ({"dist_timeout": 0}, "dist_timeout must be"),
+    ({"ipex": "on"}, "ipex must be"),
+    ({"backend": "nccl"}, "unknown backend"),
+])
+def test_setup_errors_speak_library_terms(clean_env, kwargs, fragment):
+    with pytest.raises(CoreCPUError, match=fragment) as info:
+        corecpu.setup(**kwargs)
+    assert "--" not in str(info.value).split(";")[0]  # library terms, not CLI flags
+    assert not torch.distributed.is_initialized()
+
+
+def test_precision_auto_is_settled_by_wrap_and_autocast_follows(clean_env):
+    with corecpu.setup(ipex="off") as run:
+        assert run.precision is None and "settled when the model is wrapped" in run.describe()["precision"]
+        with pytest.raises(CoreCPUError, match="before wrap"):
+            run.autocast()
+        model, opt = run.wrap(torch.nn.Linear(3, 2), None)
+        assert run.precision is not None and run.precision.name in ("fp32", "bf16")
+        with run.autocast():
+            out = model(torch.randn(2, 3))
+        assert out.dtype == (torch.bfloat16 if run.precision.name == "bf16" else torch.float32)
+        assert type(model) is torch.nn.Linear  # one process: no DDP wrapper
+        assert corecpu.unwrap(model) is model
+
+
+def test_agreeing_reraises_a_library_error(clean_env):
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        with pytest.raises(CoreCPUError, match="bad file"):
+            with run.agreeing():
+                raise CoreCPUError("bad file")
+
+
+def test_loader_shards_any_map_style_dataset(clean_env):
+    data = torch.utils.data.TensorDataset(torch.arange(10).float())
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        seen = sorted(int(v) for (batch,) in run.loader(data, batch_size=3, seed=1) for v in batch)
+    assert seen == list(range(10))
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_through_the_front_door_agree(tmp_path):
+    from test_ddp import spawn
+
+    out = tmp_path / "front.json"
+    for r in spawn("front_door.py", 2, str(out)):
+        assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    ranks = result["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP replicas stay identical
+    assert ranks[0]["batches"] == ranks[1]["batches"] == 3  # 22 examples, 2 ranks, batch 4: padded evenly
+    assert result["total"] == [2.0, 1.0]
+    assert result["type"] == "DistributedDataParallel"
+    assert result["describe"]["backend"].startswith("gloo") and result["resolved"]["world_size"] == 2
+
+
+# ---------------------------------------------------------------- corecpu launch / launch.sh arguments
+
+def test_launch_takes_a_script_and_leaves_its_arguments_alone(tmp_path):
+    script = tmp_path / "my_loop.py"
+    script.write_text("")
+    req = parse_args(["-n", "2", "--dry-run", str(script), "-f", "x", "--ppn", "3"])
+    assert (req.nranks, req.dry_run, req.script, req.script_args) == (2, True, str(script), ["-f", "x", "--ppn", "3"])
+
+
+def test_launch_sh_style_defaults_to_train_py(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text("")
+    req = parse_args(["2", "--model", "tiny", "--backend", "ccl"], default_script=str(train))
+    assert req.script == str(train) and req.script_args == ["--model", "tiny", "--backend", "ccl"]
+    plan = plan_launch(req, {}, sys.executable, usable_cpus=8, which=lambda n: "/x/" + n, port=lambda: 1234)
+    assert plan.env["CORECPU_BACKEND"] == "ccl"  # so corecpu.bind reserves the CCL worker core
+    assert plan.env["MASTER_PORT"] == "1234" and plan.env["MASTER_ADDR"] == "127.0.0.1"
+    assert plan.command[:3] == ["mpirun", "-n", "2"] and "corecpu.bind" in plan.command
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["-n", "0", "x.py"], "at least 1"),
+    (["-n", "two", "x.py"], "whole number"),
+    (["--ppn", "2", "-n", "2", "x.py"], "--ppn only makes sense"),
+    (["-n", "2"], "no training script"),
+    (["-n", "2", "missing.py"], "not found"),
+])
+def test_launch_argument_errors(tmp_path, monkeypatch, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("")
+    with pytest.raises(CoreCPUError, match=fragment):
+        parse_args(argv)
+
+
+def test_launch_oversubscription_and_hostfile(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a:4\n# comment\nnode-b\n")
+    req = LaunchRequest(8, "train.py", hostfile=str(hosts), ppn=4)
+    plan = plan_launch(req, {}, "python", usable_cpus=2, which=lambda n: "/x/" + n, port=lambda: 1)
+    assert plan.env["MASTER_ADDR"] == "node-a" and plan.env["MASTER_PORT"] == "29500"
+    assert "--oversubscribe" in plan.command and plan.warnings
+    assert plan.command[:7] == ["mpirun", "-n", "8", "-f", str(hosts), "-ppn", "4"]
+    with pytest.raises(CoreCPUError, match="do not fit"):
+        plan_launch(LaunchRequest(9, "train.py", hostfile=str(hosts), ppn=4), {}, "python", 8,
+                    which=lambda n: "/x/" + n)
