@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import NoReturn, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 from corecpu.errors import CoreCPUError, run_cli
 
@@ -81,9 +81,17 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
     # A launcher may have pinned us already (Open MPI binds to a core for np <= 2,
     # Intel MPI to its domain): plan from the cgroup's CPUs, not that narrowed mask.
-    topology = topology_from_args(args, read_isa=False, allowed_from_cpuset=args.allowed_cpus is None, env=environ)
-    plan = make_plan(topology, request)
-    rank = plan.ranks[info.local_rank]
+    # srun --cpu-bind is the exception: Slurm gave this task its CPUs on purpose, so the
+    # plan covers this rank alone on them (threads, memory node, OMP places).
+    keep_srun = args.allowed_cpus is None and srun_bound(info.launcher, environ)
+    topology = topology_from_args(args, read_isa=False, allowed_from_cpuset=args.allowed_cpus is None and not keep_srun,
+                                  env=environ)
+    if keep_srun:
+        plan = make_plan(topology, replace(request, nproc=1))
+        rank = replace(plan.ranks[0], local_rank=info.local_rank)
+    else:
+        plan = make_plan(topology, request)
+        rank = plan.ranks[info.local_rank]
 
     env = dict(environ)
     for key, value in plan.env.items():
@@ -107,6 +115,13 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
             messages.append("corecpu.bind: numactl cannot set a memory policy here (no CAP_SYS_NICE?); memory not bound")
         prefix = []
     return prefix + cmd, env, rank.cpus, messages
+
+
+def srun_bound(launcher: str, env: Mapping[str, str]) -> bool:
+    """Pure: did srun bind this task (--cpu-bind=cores, mask_cpu:..., or the site's default)?
+    srun exports SLURM_CPU_BIND_TYPE to each task; `--cpu-bind=none` says "none"."""
+    kind = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    return launcher == "slurm" and bool(kind) and not kind.startswith("none")
 
 
 def _numactl_works(prefix: list[str], env: dict[str, str]) -> bool:
