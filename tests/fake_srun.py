@@ -2,8 +2,8 @@
 """A stand-in for Slurm's `srun` inside a batch job, for tests: starts the step's tasks
 locally with the variables real srun gives each task.
 
-    srun [--ntasks N] [--nodes N] [--ntasks-per-node N] [--cpus-per-task N]
-         [--cpu-bind TYPE] [--kill-on-bad-exit[=1]] [other options ignored] CMD ARGS...
+    srun [--ntasks N] [--nodes N] [--ntasks-per-node N] [--cpus-per-task N] [--nodelist LIST]
+         [--cpu-bind TYPE] [--kill-on-bad-exit[=1]] [--input none] CMD ARGS...
 
 Layout is Slurm's default block distribution over the allocation's nodes
 (SLURM_JOB_NODELIST, expanded with python-hostlist as scontrol does). With
@@ -31,6 +31,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("-N", "--nodes", type=int)
     p.add_argument("--ntasks-per-node", type=int)
     p.add_argument("-c", "--cpus-per-task", type=int)
+    p.add_argument("-w", "--nodelist", help="run on these nodes of the allocation (Intel MPI's hydra passes it)")
+    p.add_argument("--input", "-i")
     p.add_argument("--cpu-bind", "--cpu_bind", default="")
     p.add_argument("-K", "--kill-on-bad-exit", nargs="?", const="1", default="0")
     p.add_argument("--mpi", "--export", "--label", "-l", "--unbuffered", "-u", dest="ignored", nargs="?", const="")
@@ -43,8 +45,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def layout(args: argparse.Namespace, env: dict[str, str]) -> list[tuple[str, int]]:
     """(node, local id) of each task, in rank order (block distribution)."""
-    nodes = hostlist.expand_hostlist(env["SLURM_JOB_NODELIST"])
-    nnodes = args.nodes or int(env.get("SLURM_NNODES", len(nodes)))
+    nodes = hostlist.expand_hostlist(args.nodelist or env["SLURM_JOB_NODELIST"])
+    nnodes = args.nodes or (len(nodes) if args.nodelist else int(env.get("SLURM_NNODES", len(nodes))))
     nodes = nodes[:nnodes]
     per_node = args.ntasks_per_node or int(env.get("SLURM_NTASKS_PER_NODE", "0") or 0)
     ntasks = args.ntasks or (per_node * nnodes if per_node else int(env.get("SLURM_NTASKS", nnodes)))

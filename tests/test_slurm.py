@@ -167,10 +167,10 @@ def train_args(out: Path) -> list[str]:
             "--output-dir", str(out)]
 
 
-def check_run(r: subprocess.CompletedProcess, out: Path, ranks: int) -> list[dict]:
+def check_run(r: subprocess.CompletedProcess, out: Path, ranks: int, launcher: str = "slurm") -> list[dict]:
     log = f"rc={r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
     assert r.returncode == 0, log
-    assert f"{ranks} rank(s) via slurm" in r.stdout, log
+    assert f"{ranks} rank(s) via {launcher}" in r.stdout, log
     summary = json.loads((out / "summary.json").read_text())
     assert [v["rank"] for v in summary["ranks"]] == list(range(ranks)), log
     assert len({v["param_checksum"] for v in summary["ranks"]}) == 1, log
@@ -180,18 +180,21 @@ def check_run(r: subprocess.CompletedProcess, out: Path, ranks: int) -> list[dic
 
 
 @pytest.mark.e2e
-def test_sbatch_two_tasks_on_one_node(tmp_path):
+@pytest.mark.parametrize("launcher, seen_as", [("srun", "slurm"), ("mpirun", "intel-mpi")])
+def test_sbatch_two_tasks_on_one_node(tmp_path, launcher, seen_as):
     out = tmp_path / "run"
-    env = sbatch_env(tmp_path, [os.uname().nodename], 2)
+    # mpirun inside a one-node allocation starts its ranks here without calling srun
+    env = sbatch_env(tmp_path, [os.uname().nodename], 2, {"CORECPU_LAUNCHER": launcher})
     r = subprocess.run(["bash", str(SBATCH), *train_args(out)], env=env, cwd=ROOT, capture_output=True, text=True,
                        timeout=600, stdin=subprocess.DEVNULL)
-    topo = check_run(r, out, 2)
+    topo = check_run(r, out, 2, seen_as)
     assert "MASTER_ADDR" not in env and "MASTER_PORT" not in env  # SLURM_JOB_NODELIST / SLURM_JOB_ID gave them
     assert all(t["torch_threads"] == 1 for t in topo), topo  # --cpus-per-task=1
 
 
 @pytest.mark.e2e
-def test_sbatch_two_nodes_in_network_namespaces(tmp_path):
+@pytest.mark.parametrize("launcher, seen_as", [("srun", "slurm"), ("mpirun", "intel-mpi")])
+def test_sbatch_two_nodes_in_network_namespaces(tmp_path, launcher, seen_as):
     try:
         from .netns import two_hosts
     except ImportError:
@@ -201,13 +204,28 @@ def test_sbatch_two_nodes_in_network_namespaces(tmp_path):
     with two_hosts() as h:
         nodes = list(h.hostnames)  # cc-node0, cc-node1: resolvable inside the namespaces only
         env = sbatch_env(tmp_path, nodes, 1, {
-            # the fake srun runs node i's tasks through this script (like slurmd on that node)
+            "CORECPU_LAUNCHER": launcher,
+            # the fake srun runs node i's tasks through this script (like slurmd on that node);
+            # mpirun's hydra starts its proxy on each node through that srun
             "FAKE_SRUN_NODE_EXEC": str(h.bootstrap_exec),
-            "GLOO_SOCKET_IFNAME": "",
+            "I_MPI_HYDRA_IFACE": h.iface,
         })
-        env.pop("GLOO_SOCKET_IFNAME")
+        env.pop("GLOO_SOCKET_IFNAME", None)
         r = subprocess.run(h.cmd_in(h.namespaces[0], ["bash", str(SBATCH), *train_args(out)]), env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    topo = check_run(r, out, 2)
+    topo = check_run(r, out, 2, seen_as)
     assert [t["host"] for t in topo] == nodes, topo
+    # no MASTER_ADDR anywhere: rank 0's host came from SLURM_JOB_NODELIST, and gloo found the veth to it
     assert [t["gloo_socket_ifname"] for t in topo] == [h.iface, h.iface], topo
+
+
+def test_bind_keeps_the_cpus_srun_gave_the_task():
+    from corecpu.bind import BOUND_CPUS_VAR, prepare
+    from corecpu.topology import format_cpu_list
+
+    mine = tuple(sorted(os.sched_getaffinity(0)))  # stands for the mask srun --cpu-bind gave this task
+    env = {**srun_task_env(1, 0, 1, SLURM_NTASKS="2", SLURM_STEP_TASKS_PER_NODE="2", SLURM_STEP_NODELIST="node07"),
+           "SLURM_CPU_BIND_TYPE": "mask_cpu:", "PATH": os.environ.get("PATH", "")}
+    cmd, out_env, cpus, _ = prepare(["--no-membind", "--", "true"], env)
+    assert cmd == ["true"] and cpus == mine and out_env[BOUND_CPUS_VAR] == format_cpu_list(mine)
+    assert int(out_env["OMP_NUM_THREADS"]) <= len(mine)
