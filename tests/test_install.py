@@ -87,3 +87,31 @@ def test_launch_sh_passes_the_torch_index_to_pip(tmp_path):
     assert r.returncode == 0, r.stderr
     args = log.read_text().split()
     assert args[args.index("--extra-index-url") + 1] == CPU_INDEX
+
+
+def _fake_wheel(directory: Path, version: str) -> None:
+    """A minimal installable-looking torch wheel (just metadata) for pip's resolver."""
+    import zipfile
+
+    directory.mkdir(parents=True, exist_ok=True)
+    dist_info = f"torch-{version}.dist-info"
+    with zipfile.ZipFile(directory / f"torch-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        z.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{dist_info}/RECORD", "")
+
+
+def test_pin_resolves_to_the_cpu_build_when_its_index_is_added(tmp_path):
+    """constraints.txt's pin with PyPI's wheel and the CPU index's +cpu wheel both on offer: pip
+    takes 2.13.0+cpu (a local version satisfies ==2.13.0 and sorts above it). Offline: two local
+    directories stand for PyPI and download.pytorch.org/whl/cpu."""
+    pin = next(line.split("==")[1].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()
+               if line.startswith("torch=="))
+    _fake_wheel(tmp_path / "pypi", pin)
+    _fake_wheel(tmp_path / "cpu-index", f"{pin}+cpu")
+    r = subprocess.run([sys.executable, "-m", "pip", "--isolated", "download", "--no-deps", "--no-index", "-q",
+                        "--find-links", str(tmp_path / "pypi"), "--find-links", str(tmp_path / "cpu-index"),
+                        "-c", str(ROOT / "constraints.txt"), "-d", str(tmp_path / "got"), "torch"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in (tmp_path / "got").iterdir()] == [f"torch-{pin}+cpu-py3-none-any.whl"]
