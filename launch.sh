@@ -68,10 +68,24 @@ if [[ "${stamp_sum:-}" != "$(stamp_of)" || ( -n "$extras" && ",${stamp_extras:-}
     # any torch >= 2.8, and the 2.13.0 pin is only there so a fresh install avoids the CUDA build.
     pin=(-c "$here/constraints.txt")
     "$py" -c 'import torch' 2>/dev/null && pin=()
+    # PyPI's Linux torch is the CUDA build (GBs of nvidia libraries); CORECPU_TORCH_INDEX, e.g.
+    # https://download.pytorch.org/whl/cpu, adds PyTorch's CPU index, whose 2.13.0+cpu pip then
+    # prefers. pip's own PIP_EXTRA_INDEX_URL / PIP_INDEX_URL work as well.
+    index=()
+    [[ -n "${CORECPU_TORCH_INDEX:-}" ]] && index=(--extra-index-url "$CORECPU_TORCH_INDEX")
     echo "launch.sh: installing corecpu and its dependencies into $(dirname "$(dirname "$py")") (first run only)" >&2
-    "$py" -m pip install -qq --disable-pip-version-check "${pin[@]}" -e "$target" >&2 \
+    "$py" -m pip install -qq --disable-pip-version-check "${pin[@]}" "${index[@]}" -e "$target" >&2 \
       || die "pip install failed (see above); fix the error and run launch.sh again"
     echo "$(stamp_of) $extras" > "$stamp_file"
+  fi
+fi
+# Say once per environment when its torch is a CUDA build: it works, but costs GBs.
+cuda_noticed="$(dirname "$py")/../.corecpu-cuda-noticed"
+if [[ ! -e "$cuda_noticed" ]] && (( ! dry_run )); then
+  notice="$("$py" -m corecpu.install cuda-notice "$(dirname "$(dirname "$py")")" 2>/dev/null || true)"
+  if [[ -n "$notice" ]]; then
+    warn "$notice"
+    touch "$cuda_noticed" 2>/dev/null || true
   fi
 fi
 bindir="$(dirname "$py")"

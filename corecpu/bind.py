@@ -66,7 +66,7 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     from dataclasses import replace
 
     from corecpu.launchers import detect_launcher
-    from corecpu.plan import request_from_args
+    from corecpu.plan import make_plan, request_from_args
     from corecpu.topology import topology_from_args
 
     options, cmd = split_command(argv)
@@ -87,8 +87,16 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
         )
     # A launcher may have pinned us already (Open MPI binds to a core for np <= 2,
     # Intel MPI to its domain): plan from the cgroup's CPUs, not that narrowed mask.
-    topology = topology_from_args(args, read_isa=False, allowed_from_cpuset=args.allowed_cpus is None, env=environ)
-    plan, rank = plan_rank(info, environ, topology, request)
+    # srun --cpu-bind is the exception: Slurm gave this task its CPUs on purpose, so the
+    # plan covers this rank alone on them (threads, memory node, OMP places).
+    keep_srun = args.allowed_cpus is None and srun_bound(info.launcher, environ)
+    topology = topology_from_args(args, read_isa=False, allowed_from_cpuset=args.allowed_cpus is None and not keep_srun,
+                                  env=environ)
+    if keep_srun:
+        plan = make_plan(topology, replace(request, nproc=1))
+        rank = replace(plan.ranks[0], local_rank=info.local_rank)
+    else:
+        plan, rank = plan_rank(info, environ, topology, request)
     env = rank_environment(plan, rank, environ)
 
     messages = []
@@ -101,6 +109,13 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
             messages.append("corecpu.bind: numactl cannot set a memory policy here (no CAP_SYS_NICE?); memory not bound")
         prefix = []
     return prefix + cmd, env, rank.cpus, messages
+
+
+def srun_bound(launcher: str, env: Mapping[str, str]) -> bool:
+    """Pure: did srun bind this task (--cpu-bind=cores, mask_cpu:..., or the site's default)?
+    srun exports SLURM_CPU_BIND_TYPE to each task; `--cpu-bind=none` says "none"."""
+    kind = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    return launcher == "slurm" and bool(kind) and not kind.startswith("none")
 
 
 def plan_backend(environ: Mapping[str, str]) -> str:

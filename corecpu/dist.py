@@ -81,8 +81,9 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def master_address(env: Mapping[str, str], info: LaunchInfo) -> tuple[str, int]:
-    """MASTER_ADDR/PORT, defaulting sensibly when every rank is on this host."""
-    addr = env.get("MASTER_ADDR", "")
+    """MASTER_ADDR/PORT; else the launcher's hints (Slurm's node list and job id); else
+    this host when every rank is on it."""
+    addr = env.get("MASTER_ADDR", "") or info.master_addr or ""
     if not addr:
         if info.local_world_size < info.world_size:
             raise CoreCPUError(
@@ -90,7 +91,8 @@ def master_address(env: Mapping[str, str], info: LaunchInfo) -> tuple[str, int]:
                 "export MASTER_ADDR=<address of the rank-0 host> (launch.sh -f HOSTFILE sets it)"
             )
         addr = "127.0.0.1"
-    port_text = env.get("MASTER_PORT", str(DEFAULT_MASTER_PORT))
+    default_port = DEFAULT_MASTER_PORT if info.master_port is None else info.master_port
+    port_text = env.get("MASTER_PORT") or str(default_port)
     try:
         port = int(port_text)
         if not 0 < port < 65536:
@@ -187,6 +189,9 @@ def init_distributed(
     if not info.distributed:
         return DistContext(info, "none", "single process", "", 0)
     addr, port = master_address(env, info)
+    # Export what was derived, so anything else reading the env:// protocol agrees.
+    env.setdefault("MASTER_ADDR", addr)
+    env.setdefault("MASTER_PORT", str(port))
     ctx = DistContext(info, chosen, reason, addr, port)
     if chosen == "ccl":
         import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)

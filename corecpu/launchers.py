@@ -1,13 +1,19 @@
 """Which launcher started this process, and what rank it is.
 
 One small class per launcher, each with `detect()` and `read()`, tried in a fixed
-order: the launcher that sets the most specific variables wins. torchrun comes first because they may run *under* Slurm or mpirun and then their RANK is
-the one that counts. Nothing here touches torch.
+order: the launcher that sets the most specific variables wins. torchrun comes first
+(after a Kubeflow pod without torchrun, which has RANK but no LOCAL_RANK) because it may
+run *under* Slurm or mpirun and then its RANK is the one that counts. Nothing here touches torch.
+
+Schedulers also say where rank 0 runs: Slurm's node list (SLURM_STEP_NODELIST /
+SLURM_JOB_NODELIST, expanded by python-hostlist exactly as `scontrol show hostnames`
+does) gives `LaunchInfo.master_addr`, and the job id a port every rank computes
+alike; dist.master_address() uses them when MASTER_ADDR/MASTER_PORT are unset.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
 from corecpu.errors import CoreCPUError
@@ -20,6 +26,8 @@ class LaunchInfo:
     world_size: int
     local_rank: int
     local_world_size: int
+    master_addr: str | None = None  # rank 0's host, when the launcher's variables say (MASTER_ADDR wins)
+    master_port: int | None = None  # a port every rank derives alike (MASTER_PORT wins)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -119,13 +127,15 @@ class Slurm(Launcher):
     @classmethod
     def read(cls, env: Mapping[str, str]) -> LaunchInfo:
         info = super().read(env)
-        # SLURM_NTASKS_PER_NODE is only set with --ntasks-per-node; SLURM_TASKS_PER_NODE
-        # ("4(x2)" or "4,3") is always there and gives this node's count.
-        if cls.local_size_var not in env and "SLURM_LOCALID" in env and "SLURM_TASKS_PER_NODE" in env:
+        # SLURM_NTASKS_PER_NODE is only set with --ntasks-per-node (and then for the job,
+        # not the step); SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE ("4(x2)" or "4,3")
+        # give this node's count for the step srun started.
+        spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        if "SLURM_LOCALID" in env and spec and (cls.local_size_var not in env or "SLURM_STEP_TASKS_PER_NODE" in env):
             node_id = int(env.get("SLURM_NODEID", "0"))
-            local_size = _slurm_tasks_on_node(env["SLURM_TASKS_PER_NODE"], node_id)
-            return LaunchInfo(cls.name, info.rank, info.world_size, _int(env, "SLURM_LOCALID", cls.name), local_size)
-        return info
+            local_size = _slurm_tasks_on_node(spec, node_id)
+            info = LaunchInfo(cls.name, info.rank, info.world_size, _int(env, "SLURM_LOCALID", cls.name), local_size)
+        return with_slurm_hints(info, env)
 
 
 def _slurm_tasks_on_node(spec: str, node_id: int) -> int:
@@ -136,12 +146,78 @@ def _slurm_tasks_on_node(spec: str, node_id: int) -> int:
     return counts[min(node_id, len(counts) - 1)]
 
 
-LAUNCHERS: tuple[type[Launcher], ...] = (TorchElastic, OpenMPI, MVAPICH, IntelMPI, Slurm)
+class KubeflowPyTorchJob(Launcher):
+    """A PyTorchJob pod whose command is the training script itself, not torchrun.
+
+    The training operator (kubeflow.org/v1) sets RANK = the pod's index (master 0,
+    worker i -> i+1), WORLD_SIZE = replicas x nprocPerNode, MASTER_ADDR/PORT and
+    PET_NNODES / PET_NODE_RANK / PET_NPROC_PER_NODE for torchrun, but no LOCAL_RANK.
+    Read as torchrun, every rank would think all ranks share its pod. Under torchrun
+    the children have LOCAL_RANK and are read as torchrun instead.
+    """
+
+    name = "kubeflow-pytorchjob"
+    rank_var, size_var = "RANK", "WORLD_SIZE"
+    local_rank_var, local_size_var = None, None
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return (super().detect(env) and "LOCAL_RANK" not in env
+                and ("PET_NNODES" in env or "PET_NODE_RANK" in env))
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchInfo:
+        nproc = env.get("PET_NPROC_PER_NODE", "1")
+        if nproc.isdigit() and int(nproc) > 1:
+            raise CoreCPUError(
+                f"{cls.name}: nprocPerNode is {nproc} but this pod started one process without torchrun; "
+                "start the container's command with torchrun (it reads the PET_* variables)"
+            )
+        rank, size = _int(env, "RANK", cls.name), _int(env, "WORLD_SIZE", cls.name)
+        return LaunchInfo(cls.name, rank, size, 0, 1)
+
+
+def slurm_master_addr(env: Mapping[str, str]) -> str | None:
+    """First host of the step's (else the job's) node list: where srun and mpirun put rank 0."""
+    import hostlist  # python-hostlist: Slurm's own bracket syntax, node[01-04,07]
+
+    for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        text = env.get(var, "").strip()
+        if text:
+            try:
+                hosts = hostlist.expand_hostlist(text)
+            except hostlist.BadHostlist as exc:
+                raise CoreCPUError(f"{var}={text!r} is not a Slurm node list ({exc}); export MASTER_ADDR instead") from None
+            return hosts[0] if hosts else None
+    return None
+
+
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 10000, 20000  # 10000-29999: below Linux's ephemeral range
+
+
+def slurm_master_port(env: Mapping[str, str]) -> int | None:
+    """A port from the job id, so every rank of the job picks the same one without talking."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job or not job.isdigit():
+        return None
+    return SLURM_PORT_BASE + int(job) % SLURM_PORT_SPAN
+
+
+def with_slurm_hints(info: LaunchInfo, env: Mapping[str, str]) -> LaunchInfo:
+    if info.master_addr is not None or not info.distributed:
+        return info
+    addr = slurm_master_addr(env)
+    return replace(info, master_addr=addr, master_port=slurm_master_port(env)) if addr else info
+
+
+LAUNCHERS: tuple[type[Launcher], ...] = (KubeflowPyTorchJob, TorchElastic, OpenMPI, MVAPICH, IntelMPI, Slurm)
 
 
 def detect_launcher(env: Mapping[str, str]) -> LaunchInfo:
     """Rank layout from the environment; a plain `python train.py` is one process of one."""
     for launcher in LAUNCHERS:
         if launcher.detect(env):
-            return launcher.read(env)
+            info = launcher.read(env)
+            # mpirun inside a Slurm allocation places rank 0 on the allocation's first node too.
+            return with_slurm_hints(info, env) if launcher is IntelMPI else info
     return LaunchInfo("single", 0, 1, 0, 1)

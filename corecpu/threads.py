@@ -16,6 +16,7 @@ original set lost; `launcher_cpus` says so.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -69,6 +70,25 @@ def container_cpus(cgroup_root: str | Path = "/sys/fs/cgroup") -> frozenset[int]
     return frozenset(parse_cpu_list(text)) if text else None
 
 
+def thread_budget(env: Mapping[str, str], info: LaunchInfo, quota_threads: int | None) -> tuple[int | None, str]:
+    """Pure. The most busy threads one rank should run, and why; (None, "") when nothing limits it.
+
+    Slurm's --cpus-per-task is per task: per rank under srun, and under mpirun inside the
+    allocation (one rank per task). Not under torchrun, whose one task holds all local
+    ranks; its affinity already says what the task got. A cgroup CPU quota (a Kubernetes pod's CPU limit,
+    cpu.max) is shared by every rank in the container, so each gets its share of it: more
+    threads than the quota sustains only get throttled.
+    """
+    limits: list[tuple[int, str]] = []
+    cpus_per_task = env.get("SLURM_CPUS_PER_TASK", "")
+    if cpus_per_task.isdigit() and int(cpus_per_task) > 0 and info.launcher in ("slurm", "intel-mpi"):
+        limits.append((int(cpus_per_task), f"SLURM_CPUS_PER_TASK={cpus_per_task}"))
+    if quota_threads is not None:
+        share = max(1, quota_threads // info.local_world_size)
+        limits.append((share, f"the cgroup CPU quota ({quota_threads} CPU(s) for {info.local_world_size} local rank(s))"))
+    return min(limits) if limits else (None, "")
+
+
 def decide_threads(
     requested: int,
     env: Mapping[str, str],
@@ -76,11 +96,27 @@ def decide_threads(
     unbound_set: frozenset[int],
     info: LaunchInfo,
     planned_cpus: frozenset[int] | None,
+    budget: tuple[int | None, str] = (None, ""),
 ) -> ThreadDecision:
     """Pure. `unbound_set` is what an unbound process may use (container cpuset or all online CPUs);
-    `planned_cpus` is this rank's share from the topology plan, computed by the caller."""
+    `planned_cpus` is this rank's share from the topology plan, computed by the caller; `budget`
+    is thread_budget()'s answer, which caps every rule but an explicit --threads."""
     if requested > 0:
         return ThreadDecision(requested, None, "--threads")
+    decision = _decide_from_binding(env, affinity, unbound_set, info, planned_cpus)
+    limit, why = budget
+    if limit is not None and decision.threads > limit:
+        return ThreadDecision(limit, decision.bind_to, f"{decision.reason}; capped at {limit} by {why}")
+    return decision
+
+
+def _decide_from_binding(
+    env: Mapping[str, str],
+    affinity: frozenset[int],
+    unbound_set: frozenset[int],
+    info: LaunchInfo,
+    planned_cpus: frozenset[int] | None,
+) -> ThreadDecision:
     if env.get(BOUND_VAR):
         omp = env.get("OMP_NUM_THREADS", "")
         return ThreadDecision(int(omp) if omp.isdigit() and int(omp) > 0 else len(affinity), None, "bound by corecpu.bind")
@@ -104,7 +140,12 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
     planned = None
     if requested <= 0 and not os.environ.get(BOUND_VAR) and not affinity < unbound and info.local_world_size > 1:
         planned = _plan_share(info)
-    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned)
+    from corecpu.topology import read_cpu_quota
+
+    quota = read_cpu_quota()
+    quota_threads = None if quota is None else max(1, math.floor(quota + 1e-9))
+    budget = thread_budget(os.environ, info, quota_threads)
+    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned, budget)
     if decision.bind_to:
         os.sched_setaffinity(0, decision.bind_to)
     os.environ["OMP_NUM_THREADS"] = str(decision.threads)

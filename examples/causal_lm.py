@@ -28,6 +28,7 @@ p.add_argument("--batch-size", type=int, default=8, help="sequences per rank per
 p.add_argument("--steps", type=int, default=60)
 p.add_argument("--lr", type=float, default=1e-3)
 p.add_argument("--out", default="runs/causal_lm")
+p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
 args = p.parse_args()
 
 EOD = 256  # end-of-document token after the 256 byte values
@@ -58,7 +59,7 @@ docs = load_documents(args.text)
 held_out = len(docs) // 10  # documents, not blocks, are held out: no text is in both splits
 train_blocks, eval_blocks = pack(docs[held_out:], args.block), pack(docs[:held_out], args.block)
 
-with corecpu.setup() as run:
+with corecpu.setup(precision=args.precision) as run:
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=EOD + 1, n_positions=args.block, n_embd=128, n_layer=4, n_head=4,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # no dropout: runs comparable

@@ -18,6 +18,7 @@ p.add_argument("--batch-size", type=int, default=8, help="per rank")
 p.add_argument("--out", default="runs/custom_loop")
 p.add_argument("--save-every", type=int, default=20)
 p.add_argument("--resume", action="store_true")
+p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
 args = p.parse_args()
 
 # The task: y = sin(x . w) + noise, with x in 16 dimensions. Same data on every rank (seeded).
@@ -26,7 +27,7 @@ x = torch.randn(4096, 16, generator=g)
 y = torch.sin(x @ torch.randn(16, 1, generator=g)) + 0.05 * torch.randn(4096, 1, generator=g)
 dataset = TensorDataset(x, y)
 
-with corecpu.setup() as run:
+with corecpu.setup(precision=args.precision) as run:
     torch.manual_seed(0)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -332,3 +332,32 @@ def test_read_topology_skips_isa_and_torch(machines):
     code = "import sys, corecpu.topology as t, corecpu.plan, corecpu.bind; t.read_topology(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# ---------------------------------------------------------------- a Kubernetes pod's CPU limit
+
+
+def test_pod_cpu_limit_is_the_budget(machines, tmp_path):
+    """A pod with `resources.limits.cpu: 4` on a 16-CPU node (CPU manager policy `none`): the
+    container sees every CPU, and the kubelet writes the limit to cpu.max as 400000 100000."""
+    from corecpu.launchers import LaunchInfo
+    from corecpu.plan import PlanRequest, make_plan
+    from corecpu.threads import decide_threads, thread_budget
+
+    root, proc = make_cgroup(tmp_path, None)
+    (root / "cpu.max").write_text("400000 100000\n")
+    topo = detect(machines["two_socket"], cgroup_root=root, proc_self_cgroup=proc)
+    assert len(topo.allowed) == 16 and topo.cpu_quota == pytest.approx(4.0) and topo.quota_threads == 4
+
+    one = make_plan(topo, PlanRequest(nproc=1))
+    assert one.ranks[0].omp_num_threads == 4  # not the 8 cores (16 CPUs) the pod can see
+    two = make_plan(topo, PlanRequest(nproc=2))
+    assert [r.omp_num_threads for r in two.ranks] == [2, 2]
+
+    # A rank nobody bound (torchrun without corecpu.bind) gets the limit, not the node's CPUs.
+    everything = frozenset(range(16))
+    only_rank = LaunchInfo("torchrun", 0, 2, 0, 1)
+    budget = thread_budget({}, only_rank, topo.quota_threads)
+    decision = decide_threads(0, {}, everything, everything, only_rank, None, budget)
+    assert decision.threads == 4 and "cgroup CPU quota" in decision.reason
+    assert decide_threads(0, {}, everything, everything, only_rank, None).threads == 16  # what it was without
