@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import get_linear_schedule_with_warmup
 
 from corecpu import checkpoint as ckpt
+from corecpu.allreduce import MpiGradientAllreduce, choose_allreduce
 from corecpu.config import TrainConfig, parse_config
 from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load_data, set_epoch, steps_per_epoch
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
@@ -49,6 +50,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     rank, world = ctx.rank, ctx.world_size
     console = make_console()
     say = console.print if ctx.is_main else (lambda *a, **k: None)
+    allreduce, allreduce_reason = choose_allreduce(cfg.allreduce, ctx.info, os.environ)  # fails before any loading
 
     # -------------------------------------------------------------- set-up
     # Every rank validates its inputs, then all agree: a bad file on one host
@@ -104,18 +106,23 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if cfg.compile:
         model = torch.compile(model, dynamic=True)  # dynamic padding: a new sequence length nearly every batch
     ddp = DDP(model) if world > 1 else model  # DDP broadcasts rank 0's weights at construction
+    mpi_allreduce = MpiGradientAllreduce(ctx.info) if allreduce == "mpi" else None
+    if mpi_allreduce:
+        mpi_allreduce.register(ddp)  # gradient buckets through MPI; gloo keeps everything else
     unwrapped = model._orig_mod if cfg.compile else model
 
     out = Path(cfg.output_dir)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "allreduce": allreduce,
+                                                     "allreduce_reason": allreduce_reason}, indent=2))
     metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None) if ctx.is_main else None
     reports = gather_objects(binding_report())
     if ctx.is_main:
         (out / "topology.json").write_text(json.dumps({"ranks": reports}, indent=2))
 
-    say(f"[bold]corecpu[/] {world} rank(s) via {ctx.info.launcher}, backend {ctx.backend} ({ctx.backend_reason})")
+    say(f"[bold]corecpu[/] {world} rank(s) via {ctx.info.launcher}, backend {ctx.backend} ({ctx.backend_reason}), "
+        f"gradient all-reduce {allreduce} ({allreduce_reason})")
     say(f"model {model_desc}; precision {precision.name} ({precision.reason}); {threads} thread(s) per rank; "
         f"ipex: {f'ipex.optimize applied ({precision.name}); ' if use_ipex else ''}{ipex.reason if ipex else 'off'}")
     say(f"data {len(train_data)} train / {len(eval_data) if eval_data else 0} eval examples, labels {label_names}; "
@@ -228,6 +235,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
             progress.stop()
         if metrics:
             metrics.close()
+        if mpi_allreduce:
+            mpi_allreduce.close()
 
     # -------------------------------------------------------------- finish
     if loop.batches_in_epoch >= micro_per_epoch:
