@@ -147,13 +147,16 @@ class MpiGradientAllreduce:
     with more ranks MPI and gloo may add in different orders (fp32 rounding differs).
     """
 
-    def __init__(self, info: LaunchInfo, comm: Any = None) -> None:
+    def __init__(self, info: LaunchInfo, comm: Any = None, mpi: Any = None) -> None:
+        """`comm`/`mpi` (a communicator and the module giving IN_PLACE and SUM) replace MPI in tests."""
         import torch.distributed as dist
 
-        apply_wait_mode(os.environ, info)
         if comm is None:
-            comm = _init_mpi().COMM_WORLD
+            apply_wait_mode(os.environ, info)  # only matters before MPI_Init, which happens next
+            mpi = _init_mpi()
+            comm = mpi.COMM_WORLD
         self.comm = comm
+        self._in_place, self._sum = mpi.IN_PLACE, mpi.SUM
         self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
         expect = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (info.rank, info.world_size)
         if (self.rank, self.world_size) != expect:
@@ -217,7 +220,6 @@ class MpiGradientAllreduce:
     def _reduce(self, tensor: torch.Tensor, scale: float | None) -> torch.Tensor:
         import numpy as np
         import torch
-        from mpi4py import MPI
 
         # fp32 on the wire: bf16 has no MPI sum, and numpy has no bf16 to view it through.
         wire = tensor if tensor.dtype == torch.float32 and tensor.is_contiguous() else tensor.float().contiguous()
@@ -226,7 +228,7 @@ class MpiGradientAllreduce:
             # DDP's reducer scales before summing too (and so avoids overflow). One correctly rounded
             # fp32 multiply either way; numpy's is single-threaded, so this thread starts no OpenMP team.
             np.multiply(array, np.float32(scale), out=array)
-        self.comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+        self.comm.Allreduce(self._in_place, array, op=self._sum)
         if wire is not tensor:
             tensor.copy_(wire)
         return tensor
