@@ -109,7 +109,7 @@ def _node_plan_env(info: LaunchInfo) -> Mapping[str, str]:
 
     try:
         plan = make_plan(read_topology(), PlanRequest(nproc=info.local_world_size, allow_oversubscribe=True))
-    except CoreCPUError:
+    except (CoreCPUError, OSError, ValueError):
         return {}  # no plan, no oversubscription verdict: keep Intel MPI's default (polling)
     return plan.env
 
