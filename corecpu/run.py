@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from corecpu import dist as _dist  # noqa: E402
 from corecpu import ipex as _ipex  # noqa: E402
-from corecpu.allreduce import choose_allreduce, make_allreduce  # noqa: E402
+from corecpu.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce  # noqa: E402
 from corecpu.hardware import Extension, read_cpu_features  # noqa: E402
 from corecpu.precision import PrecisionChoice, resolve_for_model, resolve_requested  # noqa: E402
 
@@ -147,7 +147,8 @@ class Run:
             model = DistributedDataParallel(model, broadcast_buffers=_has_running_stats(model),
                                             gradient_as_bucket_view=True)  # broadcasts rank 0's weights
             if self.allreduce == "mpi":
-                hook = make_allreduce()
+                apply_wait_mode(os.environ, self.launch)  # before MPI starts: polling on shared cores is slow
+                hook = MpiGradientAllreduce(self.launch)  # gradient buckets over MPI; gloo keeps the rest
                 hook.register(model)
                 self._late.closers.append(hook.close)
         return model, optimizer

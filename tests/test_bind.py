@@ -77,6 +77,12 @@ def test_oversubscribed_warns_once_from_local_rank_zero(single_core):
     assert len(results[0][3]) == 1 and results[0][3][0].startswith("corecpu.bind: warning: oversubscribed: 3 ranks")
     assert results[1][3] == [] and results[2][3] == []
     assert "oversubscribed" in results[1][1]["CORECPU_PLAN_NOTE"]
+    # Intel MPI reads it at MPI_Init, after this exec: ranks sharing a CPU must not busy-poll.
+    assert all(env["I_MPI_WAIT_MODE"] == "1" for _, env, _, _ in results)
+
+
+def test_ranks_that_fit_keep_mpi_polling(two_socket):
+    assert "I_MPI_WAIT_MODE" not in prepare(["--sysfs", str(two_socket), *CMD], ompi(0, 2))[1]
 
 
 def test_ld_preload_keeps_users_entries(two_socket, tmp_path):

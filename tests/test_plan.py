@@ -364,3 +364,25 @@ def test_oversubscribe_single_core(topos):
 def test_oversubscribe_not_used_when_it_fits(topos):
     plan = make_plan(topos["two_socket"], PlanRequest(nproc=2, allow_oversubscribe=True))
     assert not plan.oversubscribed and not plan.warnings
+
+
+# ---------------------------------------------------------------- MPI wait mode (I_MPI_WAIT_MODE)
+
+
+def test_oversubscribed_plan_turns_off_mpi_busy_polling(topos):
+    plan = make_plan(topos["single_core"], PlanRequest(nproc=2, allow_oversubscribe=True))
+    assert plan.oversubscribed and plan.env["I_MPI_WAIT_MODE"] == "1"
+
+
+def test_quota_below_rank_count_turns_off_mpi_busy_polling(roots, tmp_path):
+    cg, proc = make_cgroup(tmp_path, 2.5)
+    t = topo(roots["two_socket"], cgroup_root=cg, proc_self_cgroup=proc)
+    throttled = make_plan(t, PlanRequest(nproc=3, allow_oversubscribe=True))
+    assert not throttled.oversubscribed and throttled.env["I_MPI_WAIT_MODE"] == "1"
+    fits = make_plan(t, PlanRequest(nproc=2))
+    assert "I_MPI_WAIT_MODE" not in fits.env
+
+
+def test_plan_that_fits_keeps_mpi_polling(topos):
+    for name in ("two_socket", "single_core"):
+        assert "I_MPI_WAIT_MODE" not in make_plan(topos[name], PlanRequest(nproc=1, allow_oversubscribe=True)).env

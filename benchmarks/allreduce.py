@@ -1,0 +1,182 @@
+"""fp32 all-reduce on one host: gloo vs Intel MPI (raw mpi4py, and corecpu's comm-thread path)
+vs a single-process memcpy of the same size (the memory-bandwidth bound).
+
+    .venv/bin/python benchmarks/allreduce.py                       # 1/32/128 MB, 2 ranks, 7 repeats
+    .venv/bin/python benchmarks/allreduce.py --sizes-mb 1,4 --repeats 3
+    I_MPI_ADJUST_ALLREDUCE=2 .venv/bin/python benchmarks/allreduce.py --out /tmp/x.json   # try an algorithm
+    .venv/bin/python benchmarks/allreduce.py --report benchmarks/results/allreduce-n2.json  # re-print only
+
+It re-runs itself under `mpirun -n N` (Intel MPI). Each rank pins itself to one CPU and
+one thread. Per size, the methods run interleaved (order rotated every repeat); each
+sample is the mean time of a block of back-to-back operations on rank 0; medians over
+the repeats are reported. The memcpy runs on rank 0 alone while the others sleep in a
+gloo barrier. Results go to benchmarks/results/allreduce-n<N>.json and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+METHODS = ("gloo", "mpi_thread", "mpi_raw", "memcpy")
+LABELS = {"gloo": "gloo", "mpi_thread": "MPI, comm thread (corecpu)", "mpi_raw": "MPI, raw mpi4py",
+          "memcpy": "memcpy, 1 process"}
+MiB = 1 << 20
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--sizes-mb", default="1,32,128", help="comma list of buffer sizes in MiB (fp32)")
+    p.add_argument("--repeats", type=int, default=7, help="interleaved rounds of all methods")
+    p.add_argument("--target-s", type=float, default=0.25, help="approximate seconds per timed block")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/allreduce-nN.json)")
+    p.add_argument("--report", type=Path, default=None, help="print the table of an existing JSON and stop")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration, subprocess.SubprocessError):
+        return platform.processor() or "unknown"
+
+
+# ---------------------------------------------------------------- one rank (under mpirun)
+
+
+def worker(args: argparse.Namespace) -> None:
+    from corecpu.launchers import detect_launcher
+
+    info = detect_launcher(os.environ)
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[info.local_rank % len(cpus)]})
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from corecpu.allreduce import MpiGradientAllreduce
+    from corecpu.dist import init_distributed, teardown
+
+    torch.set_num_threads(1)
+    ctx = init_distributed("gloo", 60)
+    comm = MpiGradientAllreduce(ctx.info)
+    from mpi4py import MPI
+
+    raw = comm.comm
+    sizes = [float(s) for s in args.sizes_mb.split(",")]
+    buf = {s: torch.ones(int(s * MiB) // 4, dtype=torch.float32) for s in sizes}
+    dst = {s: torch.empty_like(b) for s, b in buf.items()}
+
+    def op(method: str, size: float) -> Callable[[], None]:
+        t, a = buf[size], buf[size].numpy()
+        if method == "gloo":
+            return lambda: dist.all_reduce(t)
+        if method == "mpi_raw":
+            return lambda: raw.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
+        if method == "mpi_thread":
+            return lambda: comm.allreduce_async(t).wait()
+        d = dst[size].numpy()
+        return lambda: np.copyto(d, a)
+
+    def block(method: str, size: float, n: int) -> float:
+        """Mean seconds per op over n ops on this rank (memcpy: rank 0 alone)."""
+        buf[size].fill_(1.0)  # in-place sums double the values: keep them far from overflow
+        dist.barrier()
+        if method == "memcpy" and ctx.rank != 0:
+            dist.barrier()  # sleep in gloo (no busy polling) while rank 0 copies
+            return float("nan")
+        f = op(method, size)
+        start = time.perf_counter()
+        for _ in range(n):
+            f()
+        elapsed = (time.perf_counter() - start) / n
+        if method == "memcpy":
+            dist.barrier()
+        return elapsed
+
+    # Block lengths from a first timing on rank 0, shared so every rank runs the same count.
+    counts: dict[tuple[str, float], int] = {}
+    for size in sizes:
+        for method in METHODS:
+            block(method, size, 1)  # warm-up: first touch, MPI/gloo buffers
+            one = block(method, size, 2)
+            n = torch.tensor([max(2, min(100, int(args.target_s / max(one, 1e-6))))] if ctx.rank == 0 else [0])
+            dist.broadcast(n, 0)
+            counts[(method, size)] = int(n)
+
+    samples: dict[str, dict[str, list[float]]] = {str(s): {m: [] for m in METHODS} for s in sizes}
+    for r in range(args.repeats):
+        for size in sizes:
+            order = METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]
+            for method in order:
+                samples[str(size)][method].append(block(method, size, counts[(method, size)]))
+    comm.close()
+    if ctx.rank == 0:
+        result = {
+            "cpu": cpu_model(), "host": socket.gethostname(), "ranks": ctx.world_size,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "mpi": MPI.Get_library_version().splitlines()[0].strip(), "torch": torch.__version__,
+            "i_mpi_env": {k: v for k, v in os.environ.items() if k.startswith("I_MPI_")},
+            "repeats": args.repeats, "ops_per_sample": {f"{m}@{s}": n for (m, s), n in counts.items()},
+            "seconds": samples,
+            "median_ms": {s: {m: 1e3 * statistics.median(v) for m, v in by.items()} for s, by in samples.items()},
+        }
+        Path(os.environ["CORECPU_BENCH_OUT"]).write_text(json.dumps(result, indent=2))
+    teardown()
+
+
+# ---------------------------------------------------------------- driver
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{result['ranks']} ranks, fp32, {result['cpu']}, {result['mpi']}, torch {result['torch']}, "
+             f"median of {result['repeats']} interleaved repeats ({result['date']})", "",
+             "| size | " + " | ".join(f"{LABELS[m]} ms" for m in METHODS) + " | comm thread vs gloo | raw vs gloo |",
+             "|---:|" + "---:|" * (len(METHODS) + 2)]
+    for size, ms in result["median_ms"].items():
+        cells = " | ".join(f"{ms[m]:.3f}" for m in METHODS)
+        lines.append(f"| {float(size):g} MB | {cells} | {ms['gloo'] / ms['mpi_thread']:.2f}x | "
+                     f"{ms['gloo'] / ms['mpi_raw']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.report:
+        print(table(json.loads(args.report.read_text())))
+        return
+    out = args.out or ROOT / "benchmarks" / "results" / f"allreduce-n{args.ranks}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "I_MPI_PIN": "0",
+           "CORECPU_BENCH_OUT": str(out), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    cmd = ["mpirun", "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "--worker",
+           "--sizes-mb", args.sizes_mb, "--repeats", str(args.repeats), "--target-s", str(args.target_s)]
+    subprocess.run(cmd, env=env, check=True)
+    print(table(json.loads(out.read_text())))
+    print(f"\n(written to {out})")
+
+
+if __name__ == "__main__":
+    main()
