@@ -6,4 +6,5 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 py="$("$here/launch.sh" --setup-only test)"
 cd "$here"
+export PATH="$(dirname "$py"):$PATH"  # mpirun (impi-rt) and torchrun live beside the venv's python
 exec "$py" -m pytest "$@"
