@@ -26,7 +26,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from corecpu import checkpoint as ckpt
 from corecpu.config import TrainConfig, parse_config
-from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load_data, set_epoch, steps_per_epoch
+from corecpu.data import build_eval_loader, build_loader, load_data, set_epoch, steps_per_epoch
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu import ipex as ipex_support
@@ -35,6 +35,10 @@ from corecpu.launchers import detect_launcher
 from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
                              scores_from_counts)
 from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
+from corecpu.hf_data import auto_eval_data
+from corecpu.modelcard import write_model_card
+from corecpu.tokencache import tokenize_cached
+from corecpu.tracking import open_trackers, parse_report_to
 
 
 def main() -> None:
@@ -55,11 +59,12 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     # must stop every rank with its message, not leave the others in a collective.
     try:
         precision = choose_precision(cfg.precision, read_cpu_features())
+        report_to = parse_report_to(cfg.report_to)
         tokenizer = load_tokenizer(cfg.model)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         train_data = load_data(cfg.data, split="train", **columns)
         eval_data = None
-        eval_spec = cfg.eval_data if cfg.eval_data != "auto" else "none" if Path(cfg.data).suffix else cfg.data
+        eval_spec = cfg.eval_data if cfg.eval_data != "auto" else auto_eval_data(cfg.data)
         if eval_spec != "none":
             eval_data = load_data(eval_spec, split="eval", label_names=train_data.label_names, **columns)
         model, model_desc = load_model(cfg.model, train_data.label_names, cfg.seed)
@@ -72,11 +77,13 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
 
     torch.manual_seed(cfg.seed + rank)  # dropout differs per rank; the data order does not (sampler seed)
     label_names = train_data.label_names
-    train_set = TokenizedDataset(train_data, tokenizer, cfg.max_seq_len)
+    cache = Path(cfg.output_dir) / "cache"  # local rank 0 of each host tokenizes; the others load its file
+    train_set = tokenize_cached(train_data, tokenizer, cfg.max_seq_len, cache, ctx.info.local_rank)
     train_loader = build_loader(train_set, cfg.batch_size, rank, world, seed=cfg.seed)
     eval_loader = None
     if eval_data is not None:
-        eval_loader = build_eval_loader(TokenizedDataset(eval_data, tokenizer, cfg.max_seq_len), cfg.batch_size, rank, world)
+        eval_set = tokenize_cached(eval_data, tokenizer, cfg.max_seq_len, cache, ctx.info.local_rank)
+        eval_loader = build_eval_loader(eval_set, cfg.batch_size, rank, world)
     micro_per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, world)
     optimizer_steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum)
     total_steps = optimizer_steps_per_epoch * cfg.epochs
@@ -110,7 +117,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None) if ctx.is_main else None
+    trackers = open_trackers(report_to, out, cfg.to_dict()) if ctx.is_main else []
+    metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None, trackers) if ctx.is_main else None
     reports = gather_objects(binding_report())
     if ctx.is_main:
         (out / "topology.json").write_text(json.dumps({"ranks": reports}, indent=2))
@@ -238,15 +246,16 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     views = gather_objects({"rank": rank, "host": reports[rank]["host"], "steps": loop.step, "final_loss": last_loss,
                             "param_checksum": float(sum(p.detach().double().sum() for p in unwrapped.parameters()))})
     if ctx.is_main:
-        (out / "summary.json").write_text(json.dumps({
-            "steps": loop.step, "seconds": elapsed, "final_loss": last_loss, "last_eval": last_scores,
-            "samples_per_s_after_warmup": timed_samples / (timed_to - timed_from) if timed_to else None,
-            "ranks": views}, indent=2))
+        summary = {"steps": loop.step, "seconds": elapsed, "final_loss": last_loss, "last_eval": last_scores,
+                   "samples_per_s_after_warmup": timed_samples / (timed_to - timed_from) if timed_to else None,
+                   "ranks": views}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
         final = out / "final"
         staging = out / ".final.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         unwrapped.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        write_model_card(staging, cfg.to_dict(), summary, label_names, train_data.source)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
         rate = f"{timed_samples / (timed_to - timed_from):.1f} samples/s after the first log interval" if timed_to else "n/a"

@@ -106,7 +106,11 @@ def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, 
     if local_rank == 0:
         ds = _read(path, tokenizer) if path.exists() else None
         if ds is None:
-            ds = TokenizedDataset(data, tokenizer, max_seq_len)
+            try:
+                ds = TokenizedDataset(data, tokenizer, max_seq_len)
+            except Exception:
+                wait()  # release the other local ranks: they hit the same error tokenizing for themselves
+                raise
             try:
                 _write(path, ds)
             except OSError as exc:
