@@ -210,3 +210,15 @@ def test_train_reports_to_tensorboard_and_mlflow_from_a_saved_dataset(tmp_path, 
     metrics = {m["type"]: m["value"] for m in meta["model-index"][0]["results"][0]["metrics"]}
     assert metrics["accuracy"] == round(evaluation["eval_accuracy"], 6) and "`bad`, `good`" in card
     assert len(list((out / "cache").glob("tokenized-*.pt"))) == 2
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("spec, expected", [("tensorboard,comet", "unknown tracker 'comet'"),
+                                            ("none,mlflow", "mixes 'none'")]
+                         + ([("wandb", "pip install 'corecpu[wandb]'")]
+                            if __import__("importlib").util.find_spec("wandb") is None else []))
+def test_train_rejects_bad_report_to_before_writing(tmp_path, spec, expected):
+    from test_errors import run_train
+
+    _, line = run_train(tmp_path, "--report-to", spec)
+    assert expected in line
