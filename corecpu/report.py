@@ -169,14 +169,18 @@ def render(runs: Sequence[RunRecords], out: Path) -> Path:
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     (ax_loss, ax_lr, ax_tp), (ax_eval, ax_bind, ax_last) = axes
-    for run, color in zip(runs, COLORS):
-        label = run.name if len(runs) > 1 else "train"
-        ax_loss.plot(*_series(run.train, "loss"), color=color, label=f"{label} loss" if len(runs) > 1 else "train loss")
+    for i, (run, color) in enumerate(zip(runs, COLORS)):
+        # The first run wide and pale, the second thin on top: identical curves stay visible as both.
+        style = {"linewidth": 3.5, "alpha": 0.55} if len(runs) > 1 and i == 0 else {"linewidth": 1.3}
+        ax_loss.plot(*_series(run.train, "loss"), color=color, label=f"{run.name} loss" if len(runs) > 1 else "train loss",
+                     **style)
         xs, ys = _series(run.evals, "eval_loss")
         if xs:
-            ax_loss.plot(xs, ys, "o--", color=color, label=f"{run.name} eval loss" if len(runs) > 1 else "eval loss")
-        ax_lr.plot(*_series(run.train, "lr"), color=color, label=run.name if len(runs) > 1 else None)
-        ax_tp.plot(*_series(run.train, "samples_per_s"), color=color, label=run.name if len(runs) > 1 else "logged")
+            ax_loss.plot(xs, ys, "o--", color=color, label=f"{run.name} eval loss" if len(runs) > 1 else "eval loss",
+                         markersize=9 - 4 * i, **style)
+        ax_lr.plot(*_series(run.train, "lr"), color=color, label=run.name if len(runs) > 1 else None, **style)
+        ax_tp.plot(*_series(run.train, "samples_per_s"), color=color, label=run.name if len(runs) > 1 else "logged",
+                   **style)
         rate = throughput(run)
         if rate is not None:
             ax_tp.axhline(rate, color=color, linestyle=":", label=f"{run.name}: {rate:.1f} after warm-up")
@@ -185,7 +189,8 @@ def render(runs: Sequence[RunRecords], out: Path) -> Path:
             ys = [r.get(key) for r in run.evals]
             if any(y is not None for y in ys):
                 ax_eval.plot(epochs, ys, marker=marker, color=color, linestyle="-" if key == "eval_accuracy" else "--",
-                             label=f"{run.name} {key[5:]}" if len(runs) > 1 else key[5:])
+                             label=f"{run.name} {key[5:]}" if len(runs) > 1 else key[5:], markersize=9 - 4 * i,
+                             **style)
     for ax, title, ylabel in ((ax_loss, "loss", "loss"), (ax_lr, "learning rate", "lr"),
                               (ax_tp, "throughput (all ranks)", "samples/s")):
         ax.set_title(title, fontsize=10)
