@@ -73,7 +73,7 @@ def _open(path: Path, split: str) -> Any:
 
                 # Dataset(table) keeps the features stored in the file (ClassLabel names included)
                 # without load_dataset's copy into ~/.cache.
-                return datasets.Dataset(pq.read_table(path))
+                return datasets.Dataset(pq.read_table(path, memory_map=True))
             if path.suffix.lower() == ".arrow":
                 return datasets.Dataset.from_file(str(path))
             loaded = datasets.load_from_disk(str(path))
