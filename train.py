@@ -117,7 +117,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    trackers = open_trackers(report_to, out, cfg.to_dict()) if ctx.is_main else []
+    trackers = open_trackers(report_to, out, cfg.to_dict(), rank=rank)
     metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None, trackers) if ctx.is_main else None
     reports = gather_objects(binding_report())
     if ctx.is_main:

@@ -11,7 +11,7 @@ works with `Trainer` works here:
 
 Usage (rank 0):
     names = parse_report_to(cfg.report_to)          # every rank, at set-up: bad names fail early
-    trackers = open_trackers(names, out, cfg.to_dict())
+    trackers = open_trackers(names, out, cfg.to_dict(), rank=ctx.rank)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step, trackers=trackers)
 MetricsLog then forwards every record it writes to every tracker at the record's step.
 """
@@ -186,8 +186,10 @@ class WandbTracker:
 
 
 def open_trackers(names: Sequence[str], output_dir: str | Path, config: Mapping[str, Any] | None = None,
-                  env: Mapping[str, str] | None = None) -> list[Tracker]:
-    """Start one tracker per name (rank 0 only) and log the resolved config to each as hyper-parameters."""
+                  env: Mapping[str, str] | None = None, rank: int = 0) -> list[Tracker]:
+    """Start one tracker per name and log the resolved config to each as hyper-parameters; [] off rank 0."""
+    if rank != 0:
+        return []  # one run per job in every tracker, not one per rank
     env = os.environ if env is None else env
     output_dir = Path(output_dir)
     run_name = output_dir.resolve().name

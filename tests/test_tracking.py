@@ -109,6 +109,11 @@ def test_mlflow_file_store_reads_back(tmp_path):
     assert tracker.uri.startswith("file:") and (tmp_path / "mlruns").is_dir()
 
 
+def test_only_rank_zero_reports(tmp_path):
+    assert open_trackers(["tensorboard", "mlflow"], tmp_path, CONFIG, env={}, rank=1) == []
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_mlflow_tags_is_one_line_error(tmp_path):
     with pytest.raises(CoreCPUError, match="MLFLOW_TAGS is not valid JSON"):
         open_trackers(["mlflow"], tmp_path, CONFIG, env={"MLFLOW_TAGS": "{oops"})
