@@ -6,7 +6,8 @@ works with `Trainer` works here:
 
   TensorBoard  TENSORBOARD_LOGGING_DIR (default OUTPUT_DIR/tensorboard)
   MLflow       MLFLOW_TRACKING_URI (default a local file store, OUTPUT_DIR/mlruns),
-               MLFLOW_EXPERIMENT_NAME (default: MLflow's Default experiment), MLFLOW_TAGS (JSON)
+               MLFLOW_EXPERIMENT_NAME (default: MLflow's Default experiment), MLFLOW_TAGS (JSON),
+               MLFLOW_RUN_ID (continue that run instead of starting one)
   wandb        WANDB_PROJECT (default "corecpu"), WANDB_MODE (e.g. offline; read by wandb itself)
 
 Usage (rank 0):
@@ -135,7 +136,8 @@ class TensorBoardTracker:
 
 
 class MLflowTracker:
-    def __init__(self, uri: str, experiment: str | None, run_name: str, tags: Mapping[str, str] | None = None) -> None:
+    def __init__(self, uri: str, experiment: str | None, run_name: str, tags: Mapping[str, str] | None = None,
+                 run_id: str | None = None) -> None:
         if is_file_store(uri):
             # MLflow 3 refuses the file store unless asked; a local directory is what the user chose here.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -143,11 +145,17 @@ class MLflowTracker:
 
         self.uri = uri
         self._client = MlflowClient(tracking_uri=uri)
+        if run_id:  # MLFLOW_RUN_ID: continue that run, e.g. after --resume
+            self.run_id = self._client.get_run(run_id).info.run_id
+            self._client.update_run(self.run_id, status="RUNNING")
+            for key, value in (tags or {}).items():
+                self._client.set_tag(self.run_id, key, value)
+            return
         experiment_id = "0"
         if experiment:
             found = self._client.get_experiment_by_name(experiment)
             experiment_id = found.experiment_id if found else self._client.create_experiment(experiment)
-        self.run_id: str = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
+        self.run_id = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -201,7 +209,7 @@ def open_trackers(names: Sequence[str], output_dir: str | Path, config: Mapping[
             elif name == "mlflow":
                 uri, experiment = mlflow_settings(output_dir, env)
                 tags = json.loads(env["MLFLOW_TAGS"]) if env.get("MLFLOW_TAGS") else None
-                trackers.append(MLflowTracker(uri, experiment, run_name, tags))
+                trackers.append(MLflowTracker(uri, experiment, run_name, tags, env.get("MLFLOW_RUN_ID") or None))
             elif name == "wandb":
                 trackers.append(WandbTracker(env.get("WANDB_PROJECT") or "corecpu", output_dir, run_name))
             else:

@@ -96,6 +96,14 @@ def test_errors_are_one_line(tmp_path):
         load_data(str(ok), split="eval", label_names=["x", "y"])
 
 
+def test_without_datasets_names_the_extra(tmp_path, monkeypatch):
+    path = tmp_path / "train.parquet"
+    classlabel_set().to_parquet(str(path))
+    monkeypatch.setitem(__import__("sys").modules, "datasets", None)
+    with pytest.raises(CoreCPUError, match=r"pip install 'corecpu\[datasets\]'"):
+        load_data(str(path))
+
+
 def test_plain_files_still_go_to_the_file_loader(tmp_path):
     tsv = tmp_path / "d.tsv"
     tsv.write_text("sentence\tlabel\na\t0\nb\t1\n")

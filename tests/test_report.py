@@ -91,3 +91,10 @@ def test_cli_report(tmp_path, capsys):
         main(["report", str(tmp_path / "missing")])
     err = capsys.readouterr().err
     assert failed.value.code == 2 and err.count("\n") == 1 and "not found" in err
+
+
+def test_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    run = load_run(make_run(tmp_path / "a"))
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    with pytest.raises(CoreCPUError, match=r"pip install 'corecpu\[report\]'"):
+        render([run], tmp_path / "x.png")

@@ -114,6 +114,17 @@ def test_only_rank_zero_reports(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_mlflow_run_id_continues_a_run(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    (first,) = write_run(tmp_path, ["mlflow"], {})
+    (again,) = open_trackers(["mlflow"], tmp_path, None, env={"MLFLOW_RUN_ID": first.run_id})
+    again.log({"step": 6, "loss": 0.3}, step=6)
+    again.close()
+    history = MlflowClient(tracking_uri=first.uri).get_metric_history(first.run_id, "loss")
+    assert again.run_id == first.run_id and [(m.step, m.value) for m in history] == [(2, 0.69), (4, 0.52), (6, 0.3)]
+
+
 def test_bad_mlflow_tags_is_one_line_error(tmp_path):
     with pytest.raises(CoreCPUError, match="MLFLOW_TAGS is not valid JSON"):
         open_trackers(["mlflow"], tmp_path, CONFIG, env={"MLFLOW_TAGS": "{oops"})
