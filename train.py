@@ -20,13 +20,17 @@ from transformers import get_linear_schedule_with_warmup
 
 from corecpu import checkpoint as ckpt
 from corecpu.config import TrainConfig, parse_config
-from corecpu.data import (META_KEYS, TokenizedDataset, build_eval_loader, load_data, make_collate, set_epoch)
+from corecpu.data import META_KEYS, build_eval_loader, load_data, make_collate, set_epoch
 from corecpu.errors import run_cli
+from corecpu.hf_data import auto_eval_data
 from corecpu.loop import Schedule, StepStats
 from corecpu.metrics import eval_counts, scores_from_counts
+from corecpu.modelcard import write_model_card
 from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
 from corecpu.reporting import Reporter
 from corecpu.run import Run
+from corecpu.tokencache import tokenize_cached
+from corecpu.tracking import parse_report_to
 
 
 def main() -> None:
@@ -41,10 +45,11 @@ def train(cfg: TrainConfig, run: Run) -> None:
     # -------------------------------------------------------------- data and model
     # Every rank validates its inputs; a bad file on one host stops every rank with its message.
     with run.agreeing():
+        trackers = parse_report_to(cfg.report_to)
         tokenizer = load_tokenizer(cfg.model)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         train_data = load_data(cfg.data, split="train", **columns)
-        eval_spec = cfg.eval_data if cfg.eval_data != "auto" else "none" if Path(cfg.data).suffix else cfg.data
+        eval_spec = cfg.eval_data if cfg.eval_data != "auto" else auto_eval_data(cfg.data)
         eval_data = None
         if eval_spec != "none":
             eval_data = load_data(eval_spec, split="eval", label_names=train_data.label_names, **columns)
@@ -53,11 +58,12 @@ def train(cfg: TrainConfig, run: Run) -> None:
     label_names = train_data.label_names
 
     torch.manual_seed(cfg.seed + run.rank)  # dropout differs per rank; the data order does not (sampler seed)
-    train_set = TokenizedDataset(train_data, tokenizer, cfg.max_seq_len)
+    cache = Path(cfg.output_dir) / "cache"  # local rank 0 of each host tokenizes; the others load its file
+    train_set = tokenize_cached(train_data, tokenizer, cfg.max_seq_len, cache, run.local_rank)
     train_loader = run.loader(train_set, cfg.batch_size, seed=cfg.seed, collate_fn=make_collate(tokenizer))
     eval_loader = None
     if eval_data is not None:
-        eval_set = TokenizedDataset(eval_data, tokenizer, cfg.max_seq_len)
+        eval_set = tokenize_cached(eval_data, tokenizer, cfg.max_seq_len, cache, run.local_rank)
         eval_loader = build_eval_loader(eval_set, cfg.batch_size, run.rank, run.world_size)
     schedule = Schedule.for_data(len(train_set), cfg.batch_size, run.world_size, cfg.grad_accum, cfg.epochs,
                                  cfg.max_steps)
@@ -80,7 +86,7 @@ def train(cfg: TrainConfig, run: Run) -> None:
     ddp, optimizer = run.wrap(model, optimizer, scheduler)
 
     report = Reporter(run, cfg.output_dir, cfg.to_dict(), total_steps, cfg.progress,
-                      resume_step=loop.step if resume_from else None)
+                      resume_step=loop.step if resume_from else None, trackers=trackers)
     for line in run.banner() + [f"model {model_desc}"]:
         report.say(line)
     report.say(f"data {len(train_data)} train / {len(eval_data) if eval_data else 0} eval examples, labels "
@@ -157,7 +163,8 @@ def train(cfg: TrainConfig, run: Run) -> None:
 
     # -------------------------------------------------------------- finish
     save()
-    report.finish(ddp, tokenizer, loop.step)
+    report.finish(ddp, tokenizer, loop.step, card=lambda final, summary: write_model_card(
+        final, cfg.to_dict(), summary, label_names, train_data.source))
 
 
 def _column(value: str) -> str | int | None:

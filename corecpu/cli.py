@@ -160,9 +160,38 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
                    add_help=False)
 
 
+# ---------------------------------------------------------------- report
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="draw a run's curves and CPU binding to a PNG and print a summary",
+        description="Render a training run (its --output-dir): loss and learning-rate curves, throughput, eval "
+        "metrics per epoch and the per-rank CPU binding, to a PNG, and print a short text summary.",
+    )
+    p.add_argument("output_dir", metavar="OUTPUT_DIR", help="the run's --output-dir")
+    p.add_argument("--compare", metavar="DIR2", help="a second run to overlay (drawn in orange)")
+    p.add_argument("--out", metavar="PNG", help="image to write (default: OUTPUT_DIR/report.png)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from corecpu.report import load_run, render, summarize
+
+    runs = [load_run(args.output_dir)] + ([load_run(args.compare)] if args.compare else [])
+    print("\n\n".join(summarize(run) for run in runs))
+    out = render(runs, Path(args.out) if args.out else Path(args.output_dir) / "report.png")
+    print(f"wrote {out}")
+    return 0
+
+
 # ---------------------------------------------------------------- wiring
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_plan, _add_make_data, _add_launch)
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_plan, _add_make_data, _add_report, _add_launch)
 
 
 def build_parser() -> argparse.ArgumentParser:

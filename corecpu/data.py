@@ -222,8 +222,13 @@ def _parse(path: Path, fmt: str, columns: tuple[Column, Column, Column],
 
 def load_data(spec: str, *, split: str = "train", seed: int = 0, label_names: Sequence[str] | None = None,
               **file_options: Any) -> ClassificationData:
-    """`spec` is 'builtin' or a file path; file_options go to load_file (fmt, *_column, has_header)."""
+    """`spec` is 'builtin', a file path, or a Hugging Face dataset (corecpu.hf_data); file_options go to
+    load_file (fmt, *_column, has_header)."""
     if spec != "builtin":
+        from corecpu.hf_data import is_hf_source, load_hf_dataset  # Parquet/Arrow/save_to_disk via datasets
+
+        if is_hf_source(spec):
+            return load_hf_dataset(spec, split=split, label_names=label_names, **file_options)
         return load_file(spec, label_names=label_names, **file_options)
     used = [k for k, v in file_options.items() if v not in (None, True)]
     if used:

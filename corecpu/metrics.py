@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from rich.console import Console
@@ -46,10 +46,14 @@ def scores_from_counts(counts: torch.Tensor, num_labels: int) -> dict[str, float
 
 
 class MetricsLog:
-    """Rank 0's metrics.jsonl: one JSON object per line, flushed per line so a crash loses nothing."""
+    """Rank 0's metrics.jsonl: one JSON object per line, flushed per line so a crash loses nothing.
 
-    def __init__(self, path: Path, resume_step: int | None) -> None:
+    Every record written is also sent to each of `trackers` (see corecpu.tracking) at its step.
+    """
+
+    def __init__(self, path: Path, resume_step: int | None, trackers: Sequence[Any] = ()) -> None:
         self.path = path
+        self.trackers = list(trackers)
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             path.write_text("")
@@ -70,9 +74,18 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        for tracker in list(self.trackers):
+            try:
+                tracker.log(record, step=int(record.get("step", 0)))
+            except Exception as exc:  # noqa: BLE001 - metrics.jsonl stays the record; a tracker must not end the run
+                print(f"warning: {type(tracker).__name__} failed ({exc}); no longer reporting to it",
+                      file=sys.stderr, flush=True)
+                self.trackers.remove(tracker)
 
     def close(self) -> None:
         self._file.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 class Throughput:

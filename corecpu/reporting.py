@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ from corecpu.threads import binding_report
 
 class Reporter:
     def __init__(self, run: Run, output_dir: str | Path, config: dict[str, Any], total_steps: int,
-                 progress: str = "auto", resume_step: int | None = None) -> None:
+                 progress: str = "auto", resume_step: int | None = None, trackers: Sequence[str] = ()) -> None:
         self.run, self.out, self.total_steps = run, Path(output_dir), total_steps
         self.console = make_console()
         self.main = run.is_main
@@ -36,7 +36,10 @@ class Reporter:
             self.out.mkdir(parents=True, exist_ok=True)
             self._write("config.json", {**config, "resolved": run.resolved(), "decisions": run.describe()})
             self._write("topology.json", {"ranks": self.reports})
-            self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step)
+            from corecpu.tracking import open_trackers
+
+            self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step,
+                                      open_trackers(trackers, self.out, config, rank=run.rank))
         self.started = time.perf_counter()
         self._interval = Throughput()
         self._timed_from: float | None = None  # the summary's throughput skips the first log interval (warm-up)
@@ -101,9 +104,11 @@ class Reporter:
             self.metrics = None
 
     # ------------------------------------------------------------ the end
-    def finish(self, model: torch.nn.Module, tokenizer: Any, steps: int) -> Path | None:
+    def finish(self, model: torch.nn.Module, tokenizer: Any, steps: int,
+               card: Callable[[Path, dict[str, Any]], Any] | None = None) -> Path | None:
         """summary.json (every rank's loss and weight checksum: DDP replicas must agree) and final/
-        (save_pretrained + tokenizer, written to a temporary directory and renamed). Collective."""
+        (save_pretrained + tokenizer + `card(dir, summary)`, written to a temporary directory and
+        renamed). Collective."""
         self.close()
         model = unwrap(model)
         elapsed = time.perf_counter() - self.started
@@ -112,15 +117,17 @@ class Reporter:
                                  "param_checksum": float(sum(p.detach().double().sum() for p in model.parameters()))})
         final = None
         if self.main:
-            self._write("summary.json", {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss,
-                                         "last_eval": self.last_eval, "samples_per_s_after_warmup": self.samples_per_s,
-                                         "ranks": views})
+            summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
+                       "samples_per_s_after_warmup": self.samples_per_s, "ranks": views}
+            self._write("summary.json", summary)
             final = self.out / "final"
             staging = self.out / ".final.tmp"
             shutil.rmtree(staging, ignore_errors=True)
             model.save_pretrained(staging, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)
+            if card is not None:
+                card(staging, summary)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staging, final)
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
