@@ -26,6 +26,13 @@ def installed(name: str):
     return lambda module: object() if module == name or name == "*" else None
 
 
+@pytest.fixture(autouse=True)
+def _mlflow_switch_restored(monkeypatch):
+    # The MLflow tracker allows a local file store for its process (os.environ); tests put it back.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "unset")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+
+
 def test_parse_report_to():
     assert parse_report_to("none") == [] and parse_report_to("") == []
     assert parse_report_to("tensorboard, MLflow,tensorboard", installed("*")) == ["tensorboard", "mlflow"]
