@@ -196,7 +196,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                         timed_samples, timed_to = timed_samples + g_samples, time.perf_counter()
                     last_loss = g_loss / g_samples
                     record = {"step": loop.step, "epoch": loop.epoch, "loss": last_loss, "lr": lr,
-                              "samples_per_s": sps, "tokens_per_s": tps,
+                              "samples": int(g_samples), "samples_per_s": sps, "tokens_per_s": tps,
                               "elapsed_s": round(time.perf_counter() - run_start, 4)}
                     loss_sum.zero_()
                     samples = tokens = 0
@@ -240,6 +240,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if ctx.is_main:
         (out / "summary.json").write_text(json.dumps({
             "steps": loop.step, "seconds": elapsed, "final_loss": last_loss, "last_eval": last_scores,
+            "precision": precision.name,
             "samples_per_s_after_warmup": timed_samples / (timed_to - timed_from) if timed_to else None,
             "ranks": views}, indent=2))
         final = out / "final"
