@@ -111,9 +111,22 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def verdict(result: dict[str, Any], variant: str = "corecpu", speedup: float = 1.3, accuracy: float = 0.01) -> str | None:
+    """The issue's bar: `variant` at >= speedup x the baseline's samples/s, eval accuracy within `accuracy`."""
+    r = result["ratios"].get(variant)
+    if not r or result.get("baseline") is None or variant == result["baseline"]:
+        return None
+    # "within 0.01" includes 0.01 itself, which float subtraction (0.81 - 0.80) overshoots.
+    fast, close = r["throughput"] >= speedup, abs(r["accuracy_delta"]) <= accuracy + 1e-9
+    return (f"{variant} vs {result['baseline']}: {r['throughput']:.2f}x samples/s (target >= {speedup:.2f}x: "
+            f"{'met' if fast else 'NOT met'}), eval accuracy {r['accuracy_delta']:+.4f} (target within "
+            f"{accuracy}: {'met' if close else 'NOT met'})")
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The summary table as Markdown, with the configuration and CPU in a header line."""
     lines = [f"**{title(result)}**", "", "| " + " | ".join(HEADERS) + " |",
              "|" + "|".join(["---"] + ["---:"] * (len(HEADERS) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(result)]
-    return "\n".join(lines) + "\n"
+    check = verdict(result)
+    return "\n".join(lines + (["", check] if check else [])) + "\n"

@@ -102,7 +102,16 @@ def test_markdown_table_from_result_json() -> None:
     assert rows["corecpu"][1:4] == ["140.0", "130.0-150.0", "1.40x"]
     assert rows["corecpu"][8] == "+0.0100"
     assert rows["trainer_ddp"][3] == "1.00x"
-    assert len(lines) == 6
+    assert lines[-1] == ("corecpu vs trainer_ddp: 1.40x samples/s (target >= 1.30x: met), "
+                         "eval accuracy +0.0100 (target within 0.01: met)")
+
+
+def test_verdict_fails_a_speedup_that_costs_accuracy() -> None:
+    result = fake_result()
+    result["ratios"]["corecpu"]["accuracy_delta"] = -0.02
+    assert "within 0.01: NOT met" in stats.verdict(result)
+    assert "1.50x: NOT met" in stats.verdict(result, speedup=1.5)
+    assert stats.verdict(result, variant="trainer_ddp") is None
 
 
 # ---------------------------------------------------------------- planning
