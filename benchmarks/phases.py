@@ -9,7 +9,9 @@ each phase of a step with perf_counter (CPU ops are synchronous, so no sync is n
 Steps alternate between a micro-step under `ddp.no_sync()` (forward, backward without
 the gradient all-reduce) and a full step (forward, backward with it, clip, optimizer):
   all-reduce wait = median backward with sync - median backward without,
-the part of the all-reduce that DDP could not hide behind the backward pass. A bare
+the part of the all-reduce that DDP could not hide behind the backward pass, including
+waiting for a slower rank; a barrier after each no-sync backward measures that wait
+alone ("wait for slowest rank": uneven padding between the ranks' batches). A bare
 all-reduce of one gradient-sized fp32 buffer is timed too, for scale. Medians per rank
 over the steps after --warmup; implied samples/s = global batch / sum of the phases.
 """
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("data", "forward", "backward_nosync", "backward_sync", "clip", "optimizer")
+PHASES = ("data", "forward", "backward_nosync", "skew", "backward_sync", "clip", "optimizer")
 
 
 def parse_args() -> argparse.Namespace:
@@ -111,6 +113,12 @@ def worker(args: argparse.Namespace) -> None:
                 loss.backward()
             t3 = time.perf_counter()
             record = {"data": t1 - t0, "forward": t2 - t1, "backward_sync" if sync else "backward_nosync": t3 - t2}
+            if not sync:
+                # How long this rank waits for the slowest one at this point: uneven batches (padding)
+                # show up here, and in a full step they would count as all-reduce wait.
+                dist.barrier()
+                t3 = time.perf_counter()
+                record["skew"] = t3 - t2 - record["backward_nosync"]
             if sync:
                 torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
                 t4 = time.perf_counter()
@@ -151,16 +159,16 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]], precision: str
         step = r["data"] + r["forward"] + r["backward_sync"] + r["clip"] + r["optimizer"]
         rows.append({**r, "allreduce_wait": wait, "step": step, "samples_per_s": args.batch_size * world / step * 1000})
     cols = [("data + collate", "data"), ("forward", "forward"), ("backward, no sync", "backward_nosync"),
-            ("all-reduce wait", "allreduce_wait"), ("backward with sync", "backward_sync"), ("clip", "clip"),
+            ("wait for slowest rank", "skew"), ("all-reduce wait", "allreduce_wait"), ("backward with sync", "backward_sync"), ("clip", "clip"),
             ("optimizer", "optimizer"), ("step", "step"), ("bare all-reduce", "bare_allreduce")]
-    print(f"\n{desc}, {precision}, {world} rank(s) x batch {args.batch_size}, data {args.data}, "
-          f"{numel / 1e6:.1f}M parameters; median ms per phase over micro-steps {args.warmup + 1}..{args.steps}\n")
+    print(f"\n{desc}, {precision}, {world} rank(s) x batch {args.batch_size}, data {args.data}; median ms per phase over micro-steps {args.warmup + 1}..{args.steps}\n")
     print("| rank | threads | " + " | ".join(c for c, _ in cols) + " | implied samples/s |")
     print("|---:|---:|" + "---:|" * (len(cols) + 1))
     for i, r in enumerate(rows):
         print(f"| {i} | {r['threads']} | " + " | ".join(ms(r[k]) for _, k in cols) + f" | {r['samples_per_s']:.1f} |")
     print("\nstep = data + forward + backward with sync + clip + optimizer; all-reduce wait = backward with sync "
-          "- backward without (what DDP did not overlap); bare all-reduce = one gradient-sized fp32 buffer, alone.")
+          "- backward without (what DDP did not overlap, incl. waiting for the slowest rank); wait for slowest rank = "
+          "a barrier after a no-sync backward; bare all-reduce = one gradient-sized fp32 buffer, alone.")
     out = args.out or ROOT / "benchmarks" / "results" / f"phases-{Path(args.data).stem}-{precision}-n{world}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": desc, "precision": precision, "data": args.data, "world": world,
