@@ -130,6 +130,19 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     raise ValueError(f"unknown variant {variant!r}")
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")
+
+
+def variant_env(variant: str, env: dict[str, str], torchrun_threads: int) -> dict[str, str]:
+    """The environment of one run: no thread settings of ours, except OMP_NUM_THREADS for the ranks
+    torchrun starts. torchrun's own default is 1 thread per rank, which on a many-core host would
+    leave the baseline's cores idle; the fair share is the cores one process would use / ranks."""
+    clean = {k: v for k, v in env.items() if k not in THREAD_VARS}
+    if variant in ("trainer_ddp", "trainer_ddp_grouped", "plain_ddp"):
+        clean["OMP_NUM_THREADS"] = str(torchrun_threads)
+    return clean
+
+
 def corecpu_records(metrics_lines: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """corecpu's metrics.jsonl (run with --log-every 1) -> (step records, eval records)."""
     import json

@@ -70,6 +70,8 @@ def parse_args() -> argparse.Namespace:
                    help=f"comma list from {', '.join(harness.KNOWN_VARIANTS)}")
     p.add_argument("--corecpu-args", action="append", default=[], metavar="NAME=ARGS",
                    help="extra variant corecpu:NAME = corecpu with these train.py flags (repeatable)")
+    p.add_argument("--torchrun-threads", type=int, default=0, help="OMP_NUM_THREADS for the ranks torchrun "
+                   "starts (0: the threads torch uses in one process here / --ranks; 1: torchrun's own default)")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: benchmarks/results/"
                    "throughput-<data>-<precision>-n<N>[-<model>].json; the chart goes beside it as .png)")
     p.add_argument("--work-dir", type=Path, default=None, help="run outputs and logs (default: a temp dir)")
@@ -221,9 +223,12 @@ def main() -> None:
 
         precision = choose_precision("auto", read_cpu_features()).name
         resolved_by = "corecpu.hardware.choose_precision (no corecpu variant ran)"
-    # Every variant starts from the same environment without thread settings of ours: launch.sh
-    # binds and sizes corecpu's ranks, torchrun applies its default, one process uses all cores.
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")}
+    # launch.sh binds and sizes corecpu's ranks, one process uses torch's default (all cores), and
+    # torchrun's ranks get an equal share of those (see harness.variant_env).
+    env = {k: v for k, v in os.environ.items() if k not in harness.THREAD_VARS}
+    one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                     env=env, capture_output=True, text=True, check=True).stdout)
+    torchrun_threads = args.torchrun_threads or max(1, one_process // args.ranks)
     console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\nlogs and run outputs: {work}")
     raw: list[dict[str, Any]] = []
     for rep in range(1, args.repeats + 1):
@@ -232,7 +237,7 @@ def main() -> None:
         for v in args.order:
             own = None if v.startswith("corecpu") and args.precision == "auto" else precision
             cmd = harness.command(v, cfg, own, run_dir)
-            result = run_once(v, cmd, run_dir, args, env)
+            result = run_once(v, cmd, run_dir, args, harness.variant_env(v, env, torchrun_threads))
             if precision is None:  # the first corecpu run decides for everyone
                 precision, resolved_by = result["precision"], f"corecpu's --precision auto (repeat {rep} run)"
             raw.append({"repeat": rep, "command": cmd, **result})
@@ -247,7 +252,8 @@ def main() -> None:
               "warmup": args.warmup, "repeats": args.repeats, "precision": precision,
               "precision_requested": args.precision, "precision_resolved_by": resolved_by,
               "precision_mismatch": mismatched, "seed": args.seed, "variants": args.order,
-              "corecpu_extra": args.corecpu_extra}
+              "corecpu_extra": args.corecpu_extra, "one_process_threads": one_process,
+              "torchrun_omp_num_threads": torchrun_threads}
     result = {"config": config, "machine": machine(), **stats.summarize(raw, args.order), "raw": raw,
               "method": "samples_per_s = counted global samples of steps W+1..S / their summed step intervals "
                         "(t = rank 0 wall clock at the end of each optimizer step; intervals holding an "

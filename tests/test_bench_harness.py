@@ -163,3 +163,11 @@ def test_variant_order_runs_corecpu_first_and_rejects_unknown_names() -> None:
     assert harness.parse_corecpu_args(["gloo=--allreduce gloo"]) == {"gloo": "--allreduce gloo"}
     with pytest.raises(ValueError):
         harness.parse_corecpu_args(["--allreduce gloo"])
+
+
+def test_torchrun_ranks_get_a_thread_share_and_nothing_else_inherits_thread_settings() -> None:
+    env = {"PATH": "/bin", "OMP_NUM_THREADS": "7", "KMP_AFFINITY": "compact"}
+    assert harness.variant_env("trainer_ddp", env, 28) == {"PATH": "/bin", "OMP_NUM_THREADS": "28"}
+    assert harness.variant_env("corecpu", env, 28) == {"PATH": "/bin"}
+    assert harness.variant_env("trainer_1proc", env, 28) == {"PATH": "/bin"}
+    assert env["OMP_NUM_THREADS"] == "7"  # the caller's mapping is left alone
