@@ -207,7 +207,11 @@ def print_tables(result: dict[str, Any], markdown: bool) -> None:
 def main() -> None:
     args = parse_args()
     if args.report:
-        print_tables(json.loads(args.report.read_text()), args.markdown)
+        result = json.loads(args.report.read_text())
+        if "ratios" not in result:
+            raise SystemExit(f"{args.report} was written by the earlier fixed-step harness (no evaluation, no "
+                             "ratios against trainer_ddp); its numbers are in README.md; re-run to get a new one")
+        print_tables(result, args.markdown)
         return
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-throughput-"))
     work.mkdir(parents=True, exist_ok=True)
