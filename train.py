@@ -109,7 +109,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     out = Path(cfg.output_dir)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved": {"precision": precision.name}}, indent=2))
     metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None) if ctx.is_main else None
     reports = gather_objects(binding_report())
     if ctx.is_main:
@@ -240,7 +240,6 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if ctx.is_main:
         (out / "summary.json").write_text(json.dumps({
             "steps": loop.step, "seconds": elapsed, "final_loss": last_loss, "last_eval": last_scores,
-            "precision": precision.name,
             "samples_per_s_after_warmup": timed_samples / (timed_to - timed_from) if timed_to else None,
             "ranks": views}, indent=2))
         final = out / "final"

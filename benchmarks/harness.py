@@ -156,7 +156,8 @@ def corecpu_records(metrics_lines: list[str]) -> tuple[list[dict[str, Any]], lis
             if "samples" not in rec:
                 raise ValueError("corecpu's metrics.jsonl has no per-step 'samples' count; this benchmark needs "
                                  "train.py to log the global samples of each step")
-            steps.append({"step": rec["step"], "t": rec["elapsed_s"], "loss": rec["loss"], "samples": rec["samples"]})
+            steps.append({"step": rec["step"], "t": rec["elapsed_s"], "loss": rec["loss"], "samples": rec["samples"],
+                          **({"padding": rec["padding"]} if "padding" in rec else {})})
     return steps, evals
 
 

@@ -111,7 +111,8 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
-def verdict(result: dict[str, Any], variant: str = "corecpu", speedup: float = 1.3, accuracy: float = 0.01) -> str | None:
+def verdict(result: dict[str, Any], variant: str = "corecpu", speedup: float = 1.3,
+            accuracy: float = 0.01) -> str | None:
     """The issue's bar: `variant` at >= speedup x the baseline's samples/s, eval accuracy within `accuracy`."""
     r = result["ratios"].get(variant)
     if not r or result.get("baseline") is None or variant == result["baseline"]:

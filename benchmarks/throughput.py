@@ -146,7 +146,8 @@ def machine() -> dict[str, Any]:
             versions[dist_name] = None
     git = subprocess.run(["git", "-C", str(harness.ROOT), "describe", "--always", "--dirty"], capture_output=True,
                          text=True)
-    return {"cpu_model": features.model_name, "cpu_flags": {f: f in features.flags for f in ("avx512_bf16", "amx_bf16")},
+    flags = {f: f in features.flags for f in ("avx512_bf16", "amx_bf16")}
+    return {"cpu_model": features.model_name, "cpu_flags": flags,
             "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
             "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
             "git": git.stdout.strip() or None,
@@ -169,11 +170,11 @@ def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespa
     if variant.startswith("corecpu"):
         out = run_dir / variant.replace(":", "-")
         steps, evals = harness.corecpu_records((out / "metrics.jsonl").read_text().splitlines())
-        summary = json.loads((out / "summary.json").read_text())
-        if "precision" not in summary:
-            raise RuntimeError(f"{out}/summary.json does not record the resolved precision; this benchmark needs it "
-                               "to run the other variants at corecpu's precision")
-        extra["precision"] = summary["precision"]
+        resolved = json.loads((out / "config.json").read_text()).get("resolved", {})
+        if not resolved.get("precision"):
+            raise RuntimeError(f"{out}/config.json does not record the resolved precision ('resolved': "
+                               "{'precision': ...}); this benchmark needs it to run the others at corecpu's precision")
+        extra["precision"] = resolved["precision"]
     else:
         recorded = json.loads((run_dir / f"{variant}.json").read_text())
         steps, evals = recorded["steps"], recorded["evals"]
@@ -233,7 +234,8 @@ def main() -> None:
     one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                      env=env, capture_output=True, text=True, check=True).stdout)
     torchrun_threads = args.torchrun_threads or max(1, one_process // args.ranks)
-    console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\nlogs and run outputs: {work}")
+    console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\n"
+                  f"logs and run outputs: {work}")
     raw: list[dict[str, Any]] = []
     for rep in range(1, args.repeats + 1):
         run_dir = work / f"repeat{rep}"
