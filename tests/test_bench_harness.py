@@ -171,3 +171,28 @@ def test_torchrun_ranks_get_a_thread_share_and_nothing_else_inherits_thread_sett
     assert harness.variant_env("corecpu", env, 28) == {"PATH": "/bin"}
     assert harness.variant_env("trainer_1proc", env, 28) == {"PATH": "/bin"}
     assert env["OMP_NUM_THREADS"] == "7"  # the caller's mapping is left alone
+
+
+def test_a_data_file_is_split_and_rewritten_so_every_variant_reads_the_same_examples(tmp_path: Path) -> None:
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(harness.BENCH))  # throughput.py imports its siblings as a script does
+    try:
+        import throughput
+    finally:
+        sys.path.remove(str(harness.BENCH))
+    from corecpu.data import load_data
+
+    src = tmp_path / "pairs.csv"
+    src.write_text("q1,q2,dup\n" + "".join(f"question {i},other {i},{'yes' if i % 3 else 'no'}\n" for i in range(50)))
+    args = argparse.Namespace(data=str(src), eval_data=None, text_column="q1", text_pair_column="q2",
+                              label_column="dup")
+    cfg, info = throughput.prepare_data(args, tmp_path)
+    assert info["data_label"] == "pairs" and "held-out 10%" in info["eval"]
+    train = load_data(cfg["data"], split="train", **cfg["columns"])
+    held = load_data(cfg["eval_data"], split="eval", label_names=train.label_names, **cfg["columns"])
+    assert (len(train), len(held), train.label_names) == (45, 5, ["no", "yes"])
+    rows = {(t, p, train.label_names[y]) for t, p, y in zip(train.texts, train.text_pairs, train.labels)}
+    rows |= {(t, p, held.label_names[y]) for t, p, y in zip(held.texts, held.text_pairs, held.labels)}
+    assert rows == {(f"question {i}", f"other {i}", "yes" if i % 3 else "no") for i in range(50)}
