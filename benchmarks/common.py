@@ -1,19 +1,70 @@
-"""What the two baseline scripts share: the same flags, so throughput.py drives both alike."""
+"""What the baseline scripts (hf_trainer.py, plain_ddp.py) share: flags, data, tokenization, records.
+
+Defaults come from corecpu's TrainConfig, so a baseline trains with corecpu's lr,
+weight decay, warm-up, clipping, batch and sequence length unless told otherwise.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from pathlib import Path
+from typing import Any
+
+from corecpu.config import TrainConfig
+from corecpu.data import ClassificationData, load_data
+
+DEFAULTS = TrainConfig()
 
 
 def parse_baseline_args(description: str, batch_help: str = "per rank") -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2) or 'tiny'")
-    p.add_argument("--batch-size", type=int, default=16, help=batch_help)
-    p.add_argument("--max-seq-len", type=int, default=128)
-    p.add_argument("--steps", type=int, default=60)
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="default", help="'default' (all-MiniLM-L6-v2), 'tiny' or a model directory")
+    p.add_argument("--data", default="paraphrase", help="a built-in data set name or a .tsv/.csv/.jsonl file")
+    p.add_argument("--eval-data", default="auto", help="a file, or auto: the built-in's eval split")
+    for col in ("text-column", "text-pair-column", "label-column"):
+        p.add_argument(f"--{col}", default="", help="column name or 0-based index (files only)")
+    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size, help=batch_help)
+    p.add_argument("--max-seq-len", type=int, default=DEFAULTS.max_seq_len)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps (0: all epochs)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--out-json", type=Path, required=True, help="rank 0 writes the step records here")
+    p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    p.add_argument("--weight-decay", type=float, default=DEFAULTS.weight_decay)
+    p.add_argument("--warmup-ratio", type=float, default=DEFAULTS.warmup_ratio)
+    p.add_argument("--max-grad-norm", type=float, default=DEFAULTS.max_grad_norm)
+    p.add_argument("--out-json", type=Path, required=True, help="rank 0 writes the step and eval records here")
     return p.parse_args()
+
+
+def _column(value: str) -> str | int | None:
+    return None if value == "" else int(value) if value.isdigit() else value
+
+
+def load_train_eval(args: argparse.Namespace) -> tuple[ClassificationData, ClassificationData]:
+    """Train and eval data exactly as train.py reads them (same loader, same column rules)."""
+    columns = {k: _column(getattr(args, k)) for k in ("text_column", "text_pair_column", "label_column")}
+    train = load_data(args.data, split="train", **columns)
+    eval_spec = args.data if args.eval_data == "auto" else args.eval_data
+    return train, load_data(eval_spec, split="eval", label_names=train.label_names, **columns)
+
+
+def tokenize(data: ClassificationData, tokenizer: Any, max_seq_len: int) -> list[dict[str, Any]]:
+    """One dict per example (truncated, unpadded), as the Trainer and DataCollatorWithPadding expect."""
+    enc = tokenizer(data.texts, data.text_pairs, truncation=True, max_length=max_seq_len)
+    return [{**{k: enc[k][i] for k in enc}, "labels": data.labels[i]} for i in range(len(data))]
+
+
+def total_steps(num_examples: int, global_batch: int, epochs: int, max_steps: int) -> int:
+    """Optimizer steps of the run, as corecpu counts them (ceil per epoch, capped by max_steps)."""
+    total = math.ceil(num_examples / global_batch) * epochs
+    return min(total, max_steps) if max_steps else total
+
+
+def write_records(path: Path, variant: str, steps: list[dict[str, Any]], evals: list[dict[str, Any]],
+                  **extra: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"variant": variant, **extra, "steps": steps, "evals": evals}))

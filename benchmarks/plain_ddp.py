@@ -1,6 +1,6 @@
-"""Variant (b) of benchmarks/throughput.py: a plain PyTorch DDP loop, as the CPU tutorials write it.
+"""Optional baseline of benchmarks/throughput.py: a plain PyTorch DDP loop, as the CPU tutorials write it.
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --steps 60 --out-json run.json
+    torchrun --standalone --nproc-per-node 2 benchmarks/plain_ddp.py --data builtin --out-json run.json
 
 What a user following PyTorch's / Intel's CPU DDP tutorials gets: gloo,
 DistributedSampler, DistributedDataParallel, AdamW, torch.autocast("cpu", bf16)
@@ -11,14 +11,14 @@ per-step work matches corecpu's and the Trainer's defaults.
 The model, its initialisation and the data are corecpu's (same seed), so step 1
 sees the same weights and the same batch as `train.py`. Rank 0 writes one record
 per optimizer step: its wall-clock time (perf_counter, taken after zero_grad),
-the loss averaged over ranks and the global number of samples in the step.
+the loss averaged over ranks and the global number of samples in the step; after
+each epoch (and the last step) it evaluates, all ranks, with corecpu's formulas.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import time
@@ -29,8 +29,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
-from common import parse_baseline_args  # benchmarks/ is on sys.path when run as a script
-from corecpu.data import builtin_dataset
+from common import load_train_eval, parse_baseline_args, tokenize, total_steps, write_records  # benchmarks/ on sys.path
+from corecpu.metrics import eval_counts, scores_from_counts
 from corecpu.modeling import load_model, load_tokenizer
 
 
@@ -38,44 +38,55 @@ def parse_args() -> argparse.Namespace:
     return parse_baseline_args(__doc__.split("\n")[0])
 
 
-def build_dataset(model: str, max_seq_len: int) -> tuple[list[dict[str, list[int] | int]], object, list[str]]:
-    """corecpu's built-in train split, tokenized (truncated, unpadded) with the model's tokenizer."""
-    data = builtin_dataset("train")
-    tokenizer = load_tokenizer(model)
-    enc = tokenizer(data.texts, truncation=True, max_length=max_seq_len)
-    items = [{**{k: enc[k][i] for k in enc}, "labels": data.labels[i]} for i in range(len(data))]
-    return items, tokenizer, data.label_names
-
-
 def main() -> None:
     args = parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    items, tokenizer, label_names = build_dataset(args.model, args.max_seq_len)
-    model, _ = load_model(args.model, label_names, args.seed)  # seeded: identical init on every rank
+    train, evald = load_train_eval(args)
+    tokenizer = load_tokenizer(args.model)
+    items = tokenize(train, tokenizer, args.max_seq_len)
+    eval_items = tokenize(evald, tokenizer, args.max_seq_len)
+    model, _ = load_model(args.model, train.label_names, args.seed)  # seeded: identical init on every rank
     torch.manual_seed(args.seed + rank)
+    collate = DataCollatorWithPadding(tokenizer)
     sampler = DistributedSampler(items, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(items, batch_size=args.batch_size, sampler=sampler,
-                        collate_fn=DataCollatorWithPadding(tokenizer), num_workers=0)
+    loader = DataLoader(items, batch_size=args.batch_size, sampler=sampler, collate_fn=collate, num_workers=0)
+    # The eval shard is strided without padding, so every example counts once over all ranks.
+    eval_loader = DataLoader(eval_items[rank::world], batch_size=args.batch_size, collate_fn=collate)
     ddp = DDP(model)
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=0.01)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(0.1 * args.steps), args.steps)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    steps = total_steps(len(items), args.batch_size * world, args.epochs, args.max_steps)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(args.warmup_ratio * steps), steps)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if args.precision == "bf16" \
         else contextlib.nullcontext
+    num_labels = len(train.label_names)
+
+    def evaluate() -> dict[str, float]:
+        ddp.eval()
+        counts = torch.zeros(3 + 3 * num_labels, dtype=torch.float64)
+        with torch.no_grad():
+            for batch in eval_loader:
+                with autocast():
+                    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+                counts += eval_counts(logits, batch["labels"], torch.ones(len(batch["labels"])), num_labels)
+        dist.all_reduce(counts)
+        ddp.train()
+        return scores_from_counts(counts, num_labels)
 
     times: list[float] = []
     losses: list[float] = []
     sizes: list[int] = []
+    evals: list[dict[str, float]] = []
     step, epoch = 0, 0
     ddp.train()
-    while step < args.steps:
+    while step < steps:
         sampler.set_epoch(epoch)
         for batch in loader:
             with autocast():
                 loss = ddp(**batch).loss
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -83,8 +94,9 @@ def main() -> None:
             times.append(time.perf_counter())
             losses.append(loss.item())  # CPU tensor: no device sync, no collective
             sizes.append(batch["labels"].shape[0])
-            if step >= args.steps:
+            if step >= steps:
                 break
+        evals.append({"step": step, **evaluate()})
         epoch += 1
 
     # After the timed loop: average the per-step losses and sum the batch sizes over ranks.
@@ -93,12 +105,11 @@ def main() -> None:
     if rank == 0:
         records = [{"step": i + 1, "t": times[i], "loss": stats[0, i].item() / world, "samples": int(stats[1, i])}
                    for i in range(len(times))]
-        args.out_json.parent.mkdir(parents=True, exist_ok=True)
-        args.out_json.write_text(json.dumps({"variant": "plain_ddp", "world_size": world,
-                                             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                                             "torch_threads": torch.get_num_threads(), "steps": records}))
+        write_records(args.out_json, "plain_ddp", records, evals, world_size=world, precision=args.precision,
+                      omp_num_threads=os.environ.get("OMP_NUM_THREADS"), torch_threads=torch.get_num_threads())
         final = records[-1]["loss"]
-        print(f"plain_ddp: {step} steps, final loss {final:.4f}" + ("" if math.isfinite(final) else " (NOT FINITE)"))
+        print(f"plain_ddp: {step} steps, final loss {final:.4f}" + ("" if math.isfinite(final) else " (NOT FINITE)")
+              + f", eval accuracy {evals[-1]['eval_accuracy']:.4f}")
     dist.destroy_process_group()
 
 

@@ -1,19 +1,22 @@
-"""Training throughput of corecpu vs a plain PyTorch DDP loop vs Hugging Face Trainer, on CPU.
+"""Training throughput and accuracy of corecpu vs Hugging Face Trainer (DDP and one process), on CPU.
 
-    .venv/bin/python benchmarks/throughput.py                      # MiniLM, 2 ranks, 60 steps, 3 repeats
-    .venv/bin/python benchmarks/throughput.py --model tiny
-    .venv/bin/python benchmarks/throughput.py --report benchmarks/results/X.json --markdown   # re-print only
+    python benchmarks/throughput.py                                   # MiniLM, --data paraphrase, 1 epoch, 3 repeats
+    python benchmarks/throughput.py --data mine.tsv --text-column 0 --label-column 1
+    python benchmarks/throughput.py --model tiny --data builtin --max-steps 20 --repeats 1   # smoke test
+    python benchmarks/throughput.py --corecpu-args 'nogroup=--no-group-by-length'           # + corecpu:nogroup
+    python benchmarks/throughput.py --report benchmarks/results/X.json --markdown          # re-print only
 
-The three variants train the same model (same initialisation) on the same data with
-the same per-rank batch, sequence length, precision, seed and number of ranks:
-  corecpu     ./launch.sh N train.py ...                    (Intel MPI + per-rank CPU binding)
-  plain_ddp   torchrun --nproc-per-node N plain_ddp.py      (the PyTorch/Intel CPU DDP tutorial loop)
-  hf_trainer  torchrun --nproc-per-node N hf_trainer.py     (transformers.Trainer, use_cpu, gloo)
-Each run records a wall-clock time on rank 0 at the end of every optimizer step;
-throughput = global samples in steps W+1..S / (t[S] - t[W]). Whole-process wall
-time (start-up and teardown included) is measured here, around the launch command.
-The variants run interleaved (a b c, a b c, ...); medians over the repeats are
-reported, with ratios against hf_trainer (= 1.0). See benchmarks/README.md.
+Variants (same model and init, data, global batch, lr, schedule, clipping, max length,
+seed, precision, epochs):
+  corecpu              ./launch.sh N train.py, corecpu's defaults (precision auto as it resolves it)
+  trainer_ddp          torchrun --nproc-per-node N hf_trainer.py, random sampling
+  trainer_ddp_grouped  the same with train_sampling_strategy group_by_length
+  trainer_1proc        python hf_trainer.py, one process, batch N x B, all cores as threads
+  plain_ddp            (on request) the PyTorch CPU DDP tutorial loop under torchrun
+Each run trains, evaluates after every epoch and after its last step, and records rank 0's
+wall clock at the end of every optimizer step. Throughput = counted global samples of steps
+W+1..S / their time, without intervals holding an evaluation. Variants run interleaved
+(a b c d, a b c d, ...); tables show medians and ratios against trainer_ddp. See README.md.
 """
 
 from __future__ import annotations
@@ -22,10 +25,8 @@ import argparse
 import datetime
 import importlib.metadata
 import json
-import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,220 +37,243 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = Path(__file__).resolve().parent
-VARIANTS = ("corecpu", "plain_ddp", "hf_trainer")
-BASELINE = "hf_trainer"
-MODEL_SPECS = {"minilm": "default", "tiny": "tiny"}  # our name -> corecpu's --model value
+import harness
+import stats
+from harness import BenchConfig
+
 console = Console(highlight=False)
 if not console.is_terminal:
-    console.width = 150  # logs and pipes: keep table rows on one line
+    console.width = 160  # logs and pipes: keep table rows on one line
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", choices=tuple(MODEL_SPECS), default="minilm",
-                   help="minilm: the real all-MiniLM-L6-v2 + 2-label head; tiny: corecpu's tiny BERT")
-    p.add_argument("--ranks", type=int, default=2, help="processes (DDP ranks), all on this host")
-    p.add_argument("--batch-size", type=int, default=16, help="examples per rank per step")
-    p.add_argument("--max-seq-len", type=int, default=128, help="truncation length (batches pad dynamically)")
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run (S)")
-    p.add_argument("--warmup", type=int, default=10, help="steps excluded from the timed window (W)")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of all variants (R)")
+    p.add_argument("--model", default="minilm", help="minilm (all-MiniLM-L6-v2), tiny, or a model directory")
+    p.add_argument("--data", default="paraphrase", help="a built-in data set (paraphrase, builtin) or a "
+                   ".tsv/.csv/.jsonl file")
+    p.add_argument("--eval-data", default=None, help="eval file for a --data file (default: a deterministic "
+                   "held-out 10%% of it); built-ins use their own eval split")
+    for col in ("text-column", "text-pair-column", "label-column"):
+        p.add_argument(f"--{col}", default="", help="column of a --data file: header name or 0-based index")
+    p.add_argument("--ranks", type=int, default=2, help="DDP ranks, all on this host")
+    p.add_argument("--batch-size", type=int, default=16, help="examples per rank per step (global = ranks x this)")
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=1, help="full epochs per run; evaluation follows each")
+    p.add_argument("--max-steps", type=int, default=0, help="stop each run after this many steps (quick runs)")
+    p.add_argument("--warmup", type=int, default=10, help="first W optimizer steps left out of the throughput")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of all variants")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="auto: what corecpu's --precision auto picks on this CPU; passed explicitly to all")
+                   help="auto: what corecpu resolves in its first run, then passed to every other variant")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset to run")
-    p.add_argument("--out", type=Path, default=None,
-                   help="result JSON (default: benchmarks/results/throughput-<model>-<precision>-n<N>.json)")
+    p.add_argument("--variants", default=",".join(harness.DEFAULT_VARIANTS),
+                   help=f"comma list from {', '.join(harness.KNOWN_VARIANTS)}")
+    p.add_argument("--corecpu-args", action="append", default=[], metavar="NAME=ARGS",
+                   help="extra variant corecpu:NAME = corecpu with these train.py flags (repeatable)")
+    p.add_argument("--torchrun-threads", type=int, default=0, help="OMP_NUM_THREADS for the ranks torchrun "
+                   "starts (0: the threads torch uses in one process here / --ranks; 1: torchrun's own default)")
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: benchmarks/results/"
+                   "throughput-<data>-<precision>-n<N>[-<model>].json; the chart goes beside it as .png)")
     p.add_argument("--work-dir", type=Path, default=None, help="run outputs and logs (default: a temp dir)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
+    p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per run")
     p.add_argument("--report", type=Path, default=None, help="print the tables of an existing result JSON; run nothing")
     p.add_argument("--markdown", action="store_true", help="also print the summary as a Markdown table")
     args = p.parse_args()
-    if not 1 <= args.warmup < args.steps:
-        p.error(f"--warmup must be in [1, --steps): the window starts at the end of step W; "
-                f"got {args.warmup} and {args.steps}")
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
-    if unknown:
-        p.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    try:
+        args.corecpu_extra = harness.parse_corecpu_args(args.corecpu_args)
+        args.order = harness.variant_order([v for v in args.variants.split(",") if v], args.corecpu_extra)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.warmup < 1:
+        p.error("--warmup must be at least 1: the timed window starts at the end of step W")
+    if not harness.is_file_spec(args.data) and (args.eval_data or any(
+            getattr(args, c) for c in ("text_column", "text_pair_column", "label_column"))):
+        p.error(f"--eval-data and the column flags apply to a --data file; {args.data!r} is a built-in with its own "
+                "eval split")
     return args
 
 
-def resolve_precision(requested: str) -> str:
-    from corecpu.hardware import choose_precision, read_cpu_features
+# ---------------------------------------------------------------- data
 
-    return choose_precision(requested, read_cpu_features()).name
+def prepare_data(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Built-ins pass through by name. A file is read once with corecpu's loader (column flags
+    applied) and written as train.jsonl / eval.jsonl, so every variant reads identical splits."""
+    if not harness.is_file_spec(args.data):
+        return {"data": args.data, "eval_data": "auto", "columns": {}}, {
+            "data_label": args.data, "eval": f"the built-in's eval split ({args.data}, split='eval')"}
+    from corecpu.data import load_file
 
+    def col(v: str) -> str | int | None:
+        return None if v == "" else int(v) if v.isdigit() else v
 
-def commands(args: argparse.Namespace, precision: str, run_dir: Path) -> dict[str, list[str]]:
-    spec = MODEL_SPECS[args.model]
-    common = ["--model", spec, "--batch-size", str(args.batch_size), "--max-seq-len", str(args.max_seq_len),
-              "--precision", precision, "--seed", str(args.seed)]
-    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(args.ranks)]
-    return {
-        "corecpu": [str(ROOT / "launch.sh"), str(args.ranks), *common, "--data", "builtin", "--eval-data", "none",
-                    "--progress", "off", "--log-every", "1", "--max-steps", str(args.steps),
-                    "--epochs", "1000", "--output-dir", str(run_dir / "corecpu")],
-        "plain_ddp": [*torchrun, str(BENCH / "plain_ddp.py"), *common, "--steps", str(args.steps),
-                      "--out-json", str(run_dir / "plain_ddp.json")],
-        "hf_trainer": [*torchrun, str(BENCH / "hf_trainer.py"), *common, "--steps", str(args.steps),
-                       "--out-json", str(run_dir / "hf_trainer.json")],
-    }
-
-
-def corecpu_records(out_dir: Path, batch_size: int, world: int) -> list[dict[str, Any]]:
-    """metrics.jsonl -> the common record format; samples per step follow corecpu's sampler
-    (each rank gets ceil(n / world) examples per epoch, the last batch may be short)."""
-    from corecpu.data import builtin_dataset, steps_per_epoch
-
-    n = len(builtin_dataset("train"))
-    per_rank, per_epoch = math.ceil(n / world), steps_per_epoch(n, batch_size, world)
-    records = []
-    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if "samples_per_s" not in rec:
-            continue  # not a training-step record
-        k = (rec["step"] - 1) % per_epoch
-        records.append({"step": rec["step"], "t": rec["elapsed_s"], "loss": rec["loss"],
-                        "samples": min(batch_size, per_rank - k * batch_size) * world})
-    return records
-
-
-def measure(records: list[dict[str, Any]], warmup: int, steps: int) -> dict[str, Any]:
-    """Throughput over steps warmup+1..steps, and the loss sanity numbers."""
-    if [r["step"] for r in records] != list(range(1, steps + 1)):
-        raise RuntimeError(f"expected step records 1..{steps}, got {len(records)} records")
-    seconds = records[-1]["t"] - records[warmup - 1]["t"]
-    samples = sum(r["samples"] for r in records[warmup:])
-    losses = [r["loss"] for r in records]
-    head, tail = losses[:10], losses[-10:]
-    return {"samples_per_s": samples / seconds, "timed_seconds": seconds, "timed_samples": samples,
-            "ms_per_step": 1000 * seconds / (steps - warmup), "final_loss": losses[-1],
-            "loss_first10": statistics.fmean(head), "loss_last10": statistics.fmean(tail),
-            "loss_ok": all(math.isfinite(x) for x in losses) and statistics.fmean(tail) <= statistics.fmean(head) + 0.05}
-
-
-def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    log = run_dir / f"{variant}.log"
-    start = time.perf_counter()
-    with log.open("w") as fh:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.timeout)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-25:])
-        raise RuntimeError(f"{variant} exited with {proc.returncode}; last lines of {log}:\n{tail}")
-    if variant == "corecpu":
-        records = corecpu_records(run_dir / "corecpu", args.batch_size, args.ranks)
+    columns = {k: col(getattr(args, k)) for k in ("text_column", "text_pair_column", "label_column")}
+    train = load_file(args.data, **columns)
+    if args.eval_data:
+        evald = load_file(args.eval_data, label_names=train.label_names, **columns)
+        note = f"the file {args.eval_data}"
+        train_idx, eval_idx = list(range(len(train))), None
     else:
-        records = json.loads((run_dir / f"{variant}.json").read_text())["steps"]
-    return {"variant": variant, "wall_s": wall, **measure(records, args.warmup, args.steps), "log": str(log),
-            "steps": records}
+        train_idx, eval_idx = harness.holdout_split(len(train), 0.1, seed=0)
+        evald, note = train, (f"a deterministic held-out 10% of {args.data} ({len(eval_idx)} examples, seeded "
+                              f"permutation, seed 0); training uses the other {len(train_idx)}")
+    keys = ("sentence1", "sentence2", "label") if train.text_pairs is not None else ("text", None, "label")
+    files = {}
+    for split, data, idx in (("train", train, train_idx), ("eval", evald, eval_idx)):
+        path = work / f"{split}.jsonl"
+        with path.open("w", encoding="utf-8") as fh:
+            for i in idx if idx is not None else range(len(data)):
+                row = {keys[0]: data.texts[i], keys[2]: data.label_names[data.labels[i]]}
+                if keys[1]:
+                    row[keys[1]] = data.text_pairs[i]  # type: ignore[index]
+                fh.write(json.dumps(row) + "\n")
+        files[split] = str(path)
+    cols = {"text_column": keys[0], "label_column": keys[2], **({"text_pair_column": keys[1]} if keys[1] else {})}
+    return {"data": files["train"], "eval_data": files["eval"], "columns": cols}, {
+        "data_label": Path(args.data).stem, "source": str(Path(args.data).resolve()), "eval": note}
 
+
+# ---------------------------------------------------------------- running
 
 def machine() -> dict[str, Any]:
     from corecpu.hardware import read_cpu_features
 
+    features = read_cpu_features()
     versions = {}
     for dist_name in ("torch", "transformers", "accelerate", "impi-rt", "corecpu"):
         try:
             versions[dist_name] = importlib.metadata.version(dist_name)
         except importlib.metadata.PackageNotFoundError:
             versions[dist_name] = None
-    git = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True)
-    return {"cpu_model": read_cpu_features().model_name, "logical_cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(),
-            "python": platform.python_version(), "versions": versions, "git": git.stdout.strip() or None,
+    git = subprocess.run(["git", "-C", str(harness.ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                         text=True)
+    flags = {f: f in features.flags for f in ("avx512_bf16", "amx_bf16")}
+    return {"cpu_model": features.model_name, "cpu_flags": flags,
+            "logical_cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(), "python": platform.python_version(), "versions": versions,
+            "git": git.stdout.strip() or None,
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def summarize(raw: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
-    medians: dict[str, dict[str, float]] = {}
-    for v in variants:
-        runs = [r for r in raw if r["variant"] == v]
-        medians[v] = {k: statistics.median(r[k] for r in runs)
-                      for k in ("samples_per_s", "ms_per_step", "wall_s", "final_loss", "loss_last10")}
-        medians[v]["samples_per_s_min"] = min(r["samples_per_s"] for r in runs)
-        medians[v]["samples_per_s_max"] = max(r["samples_per_s"] for r in runs)
-        medians[v]["loss_ok_all"] = all(r["loss_ok"] for r in runs)
-    ratios = {}
-    if BASELINE in medians:
-        base = medians[BASELINE]
-        ratios = {v: {"throughput": m["samples_per_s"] / base["samples_per_s"], "wall_time": m["wall_s"] / base["wall_s"]}
-                  for v, m in medians.items()}
-    return {"medians": medians, "ratios_vs_hf_trainer": ratios}
+def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespace,
+             env: dict[str, str]) -> dict[str, Any]:
+    log = run_dir / f"{variant.replace(':', '-')}.log"
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, cwd=harness.ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                              timeout=args.timeout)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise RuntimeError(f"{variant} exited with {proc.returncode}; last lines of {log}:\n{tail}")
+    extra: dict[str, Any] = {}
+    if variant.startswith("corecpu"):
+        out = run_dir / variant.replace(":", "-")
+        steps, evals = harness.corecpu_records((out / "metrics.jsonl").read_text().splitlines())
+        resolved = json.loads((out / "config.json").read_text()).get("resolved", {})
+        if not resolved.get("precision"):
+            raise RuntimeError(f"{out}/config.json does not record the resolved precision ('resolved': "
+                               "{'precision': ...}); this benchmark needs it to run the others at corecpu's precision")
+        extra["precision"] = resolved["precision"]
+    else:
+        recorded = json.loads((run_dir / f"{variant}.json").read_text())
+        steps, evals = recorded["steps"], recorded["evals"]
+        extra = {k: recorded[k] for k in ("precision", "torch_threads", "omp_num_threads", "sampling", "optim")
+                 if k in recorded}
+        if "padded_len" in steps[0]:
+            extra["mean_padded_len"] = sum(s["padded_len"] for s in steps) / len(steps)
+    return {"variant": variant, **stats.run_result(steps, evals, args.warmup, wall), **extra,
+            "load_avg_before": load_before, "log": str(log), "steps": steps, "evals": evals}
 
 
 def print_tables(result: dict[str, Any], markdown: bool) -> None:
-    cfg, med, ratios = result["config"], result["medians"], result["ratios_vs_hf_trainer"]
     raw = Table(title="every run", title_justify="left")
-    for col in ("repeat", "variant", "samples/s", "ms/step", "wall s", "loss first10 -> last10", "final loss"):
-        raw.add_column(col, justify="left" if col in ("variant", "loss first10 -> last10") else "right")
+    for col in ("repeat", "variant", "precision", "samples/s", "ms/step", "wall s", "eval acc", "final loss", "load"):
+        raw.add_column(col, justify="left" if col in ("variant", "precision") else "right")
     for r in result["raw"]:
-        raw.add_row(str(r["repeat"]), r["variant"], f"{r['samples_per_s']:.1f}", f"{r['ms_per_step']:.0f}",
-                    f"{r['wall_s']:.1f}", f"{r['loss_first10']:.3f} -> {r['loss_last10']:.3f}"
-                    + ("" if r["loss_ok"] else " [red]SUSPECT[/]"), f"{r['final_loss']:.4f}")
+        raw.add_row(str(r["repeat"]), r["variant"], r.get("precision", "-"), f"{r['samples_per_s']:.1f}",
+                    f"{r['ms_per_step']:.0f}", f"{r['wall_s']:.1f}", f"{r['eval_accuracy']:.4f}",
+                    f"{r['final_loss']:.4f}", f"{r['load_avg_before']:.1f}")
     console.print(raw)
-    title = (f"{cfg['model']} | {cfg['precision']} | {cfg['ranks']} ranks x batch {cfg['batch_size']} | "
-             f"seq <= {cfg['max_seq_len']} | steps {cfg['warmup'] + 1}..{cfg['steps']} timed | "
-             f"median of {cfg['repeats']}")
-    table = Table(title=title, title_justify="left")
-    headers = ("variant", "samples/s", "min-max", "vs Trainer", "ms/step", "wall s", "wall vs Trainer", "final loss")
-    for col in headers:
+    table = Table(title=stats.title(result), title_justify="left")
+    for col in stats.HEADERS:
         table.add_column(col, justify="left" if col == "variant" else "right")
-    rows = []
-    for v, m in med.items():
-        ratio = ratios.get(v, {})
-        rows.append((v, f"{m['samples_per_s']:.1f}", f"{m['samples_per_s_min']:.1f}-{m['samples_per_s_max']:.1f}",
-                     f"{ratio['throughput']:.2f}x" if ratio else "-", f"{m['ms_per_step']:.0f}",
-                     f"{m['wall_s']:.1f}", f"{ratio['wall_time']:.2f}x" if ratio else "-",
-                     f"{m['final_loss']:.4f}" + ("" if m["loss_ok_all"] else " SUSPECT")))
-        table.add_row(*rows[-1])
+    for row in stats.table_rows(result):
+        table.add_row(*row)
     console.print(table)
     if markdown:
-        print(f"\n{title}\n")
-        print("| " + " | ".join(headers) + " |")
-        print("|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|")
-        for row in rows:
-            print("| " + " | ".join(row) + " |")
+        print("\n" + stats.markdown(result))
 
 
 def main() -> None:
     args = parse_args()
     if args.report:
-        print_tables(json.loads(args.report.read_text()), args.markdown)
+        result = json.loads(args.report.read_text())
+        if "ratios" not in result:
+            raise SystemExit(f"{args.report} was written by the earlier fixed-step harness (no evaluation, no "
+                             "ratios against trainer_ddp); its numbers are in README.md; re-run to get a new one")
+        print_tables(result, args.markdown)
         return
-    precision = resolve_precision(args.precision)
-    variants = [v for v in VARIANTS if v in args.variants.split(",")]
-    out = args.out or BENCH / "results" / f"throughput-{args.model}-{precision}-n{args.ranks}.json"
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-throughput-"))
-    # Every variant starts from the same environment, without thread settings of ours:
-    # launch.sh binds and sizes corecpu's ranks; torchrun applies its own default.
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")}
-    config = {"model": args.model, "ranks": args.ranks, "batch_size": args.batch_size,
-              "max_seq_len": args.max_seq_len, "steps": args.steps, "warmup": args.warmup,
-              "repeats": args.repeats, "precision": precision, "precision_requested": args.precision,
-              "seed": args.seed, "variants": variants, "global_batch": args.batch_size * args.ranks}
-    console.print(f"[bold]throughput benchmark[/] {config}\nlogs and run outputs: {work}")
+    work.mkdir(parents=True, exist_ok=True)
+    data_cfg, data_info = prepare_data(args, work)
+    cfg = BenchConfig(model=args.model, **data_cfg, ranks=args.ranks, batch_size=args.batch_size,
+                      max_seq_len=args.max_seq_len, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
+                      precision=args.precision, corecpu_extra=args.corecpu_extra)
+    # corecpu resolves `auto` in its own first run; without a corecpu variant, use its static rule.
+    precision: str | None = None if args.precision == "auto" else args.precision
+    resolved_by = "requested" if precision else None
+    if precision is None and "corecpu" not in args.order:
+        from corecpu.hardware import choose_precision, read_cpu_features
+
+        precision = choose_precision("auto", read_cpu_features()).name
+        resolved_by = "corecpu.hardware.choose_precision (no corecpu variant ran)"
+    # launch.sh binds and sizes corecpu's ranks, one process uses torch's default (all cores), and
+    # torchrun's ranks get an equal share of those (see harness.variant_env).
+    env = {k: v for k, v in os.environ.items() if k not in harness.THREAD_VARS}
+    one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                     env=env, capture_output=True, text=True, check=True).stdout)
+    torchrun_threads = args.torchrun_threads or max(1, one_process // args.ranks)
+    console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\n"
+                  f"logs and run outputs: {work}")
     raw: list[dict[str, Any]] = []
     for rep in range(1, args.repeats + 1):
         run_dir = work / f"repeat{rep}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmds = commands(args, precision, run_dir)
-        for v in variants:
-            result = run_once(v, cmds[v], run_dir, args, env)
-            raw.append({"repeat": rep, "command": cmds[v], **result})
-            console.print(f"repeat {rep}/{args.repeats} {v:<10} {result['samples_per_s']:7.1f} samples/s  "
-                          f"{result['ms_per_step']:6.0f} ms/step  wall {result['wall_s']:6.1f}s  "
-                          f"final loss {result['final_loss']:.4f}")
-    result = {"config": config, "machine": machine(), **summarize(raw, variants), "raw": raw,
-              "method": "throughput = global samples in steps W+1..S / (t[S] - t[W]), t = rank 0 wall clock at "
-                        "the end of each optimizer step; wall_s = whole launch command incl. start-up"}
+        for v in args.order:
+            own = None if v.startswith("corecpu") and args.precision == "auto" else precision
+            cmd = harness.command(v, cfg, own, run_dir)
+            result = run_once(v, cmd, run_dir, args, harness.variant_env(v, env, torchrun_threads))
+            if precision is None:  # the first corecpu run decides for everyone
+                precision, resolved_by = result["precision"], f"corecpu's --precision auto (repeat {rep} run)"
+            raw.append({"repeat": rep, "command": cmd, **result})
+            console.print(f"repeat {rep}/{args.repeats} {v:<20} {result['samples_per_s']:7.1f} samples/s  "
+                          f"{result['ms_per_step']:6.0f} ms/step  wall {result['wall_s']:6.1f}s  eval acc "
+                          f"{result['eval_accuracy']:.4f}  final loss {result['final_loss']:.4f}  "
+                          f"({result.get('precision')})")
+    mismatched = sorted({r["variant"] for r in raw if r.get("precision") not in (None, precision)})
+    config = {"model": args.model, "data": data_info["data_label"], "data_info": data_info,
+              "ranks": args.ranks, "batch_size": args.batch_size, "global_batch": args.batch_size * args.ranks,
+              "max_seq_len": args.max_seq_len, "epochs": args.epochs, "max_steps": args.max_steps,
+              "warmup": args.warmup, "repeats": args.repeats, "precision": precision,
+              "precision_requested": args.precision, "precision_resolved_by": resolved_by,
+              "precision_mismatch": mismatched, "seed": args.seed, "variants": args.order,
+              "corecpu_extra": args.corecpu_extra, "one_process_threads": one_process,
+              "torchrun_omp_num_threads": torchrun_threads}
+    result = {"config": config, "machine": machine(), **stats.summarize(raw, args.order), "raw": raw,
+              "method": "samples_per_s = counted global samples of steps W+1..S / their summed step intervals "
+                        "(t = rank 0 wall clock at the end of each optimizer step; intervals holding an "
+                        "evaluation left out); wall_s = whole launch command incl. start-up, evaluation, saving"}
+    out = args.out or harness.BENCH / "results" / (harness.results_name(
+        data_info["data_label"], precision, args.ranks, args.model) + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print_tables(result, args.markdown)
-    console.print(f"written to {out}")
+    from chart import bar_chart
+
+    console.print(f"written to {out} and {bar_chart(result, out.with_suffix('.png'))}")
+    if mismatched:
+        console.print(f"[yellow]warning:[/] {mismatched} ran at a precision other than {precision}")
 
 
 if __name__ == "__main__":

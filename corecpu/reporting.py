@@ -73,7 +73,8 @@ class Reporter:
         else:
             self._timed_samples, self._timed_to = self._timed_samples + stats["samples"], now
         self.last_loss = stats["loss"]
-        record = {"step": step, "epoch": epoch, "loss": stats["loss"], "lr": lr, "samples_per_s": sps,
+        record = {"step": step, "epoch": epoch, "loss": stats["loss"], "lr": lr, "samples": int(stats["samples"]),
+                  "samples_per_s": sps,
                   "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)}
         if "padding" in stats:
             record["padding"] = round(stats["padding"], 4)

@@ -1,0 +1,166 @@
+"""Pure planning for benchmarks/throughput.py: which variants, which commands, which data split.
+
+Nothing here starts a process or reads a file, so the command lines can be checked in tests.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+DEFAULT_VARIANTS = ("corecpu", "trainer_ddp", "trainer_ddp_grouped", "trainer_1proc")
+KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "plain_ddp")
+MODEL_SPECS = {"minilm": "default", "tiny": "tiny"}  # our name -> corecpu's --model value (else a path)
+DATA_SUFFIXES = (".tsv", ".csv", ".jsonl")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything held equal across variants (the harness's flags, resolved)."""
+    model: str = "minilm"
+    data: str = "paraphrase"           # a built-in name, or the materialized train file (see plan_data)
+    eval_data: str = "auto"            # auto for a built-in, else the materialized eval file
+    columns: dict[str, str] = field(default_factory=dict)  # text_column/text_pair_column/label_column for files
+    ranks: int = 2
+    batch_size: int = 16               # per rank; the Trainer's one process gets ranks x this
+    max_seq_len: int = 128
+    epochs: int = 1
+    max_steps: int = 0
+    seed: int = 0
+    precision: str = "auto"            # what the user asked for
+    corecpu_extra: dict[str, str] = field(default_factory=dict)  # variant suffix -> extra train.py args
+
+    @property
+    def model_spec(self) -> str:
+        return MODEL_SPECS.get(self.model, self.model)
+
+
+def is_file_spec(spec: str) -> bool:
+    """A data argument is a file when it has a data-file extension; otherwise a built-in name."""
+    return Path(spec).suffix.lower() in DATA_SUFFIXES
+
+
+def parse_corecpu_args(items: list[str]) -> dict[str, str]:
+    """['nogroup=--no-group-by-length', ...] -> {'nogroup': '--no-group-by-length'} (variant corecpu:nogroup)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, extra = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ValueError(f"--corecpu-args takes NAME='train.py flags' (NAME a word, e.g. nogroup), got {item!r}")
+        out[name] = extra
+    return out
+
+
+def variant_order(requested: list[str], corecpu_extra: dict[str, str]) -> list[str]:
+    """Run order in every round: corecpu first (its run resolves the precision), then its extra
+    variants, then the rest in the order given."""
+    unknown = [v for v in requested if v not in KNOWN_VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(KNOWN_VARIANTS)}")
+    extra = [f"corecpu:{name}" for name in corecpu_extra]
+    first = ["corecpu"] if "corecpu" in requested else []
+    return first + extra + [v for v in requested if v != "corecpu"]
+
+
+def holdout_split(n: int, fraction: float = 0.1, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Deterministic (train, eval) index lists: a seeded permutation, the first round(n*fraction) held out."""
+    if n < 2:
+        raise ValueError(f"need at least 2 examples to hold some out for evaluation, got {n}")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = min(max(1, round(n * fraction)), n - 1)
+    return sorted(order[k:]), sorted(order[:k])
+
+
+def _non_default(cfg: BenchConfig) -> list[str]:
+    """train.py flags for the held-equal settings that differ from corecpu's own defaults:
+    corecpu runs with its defaults, so equal values are not passed at all."""
+    from corecpu.config import TrainConfig
+
+    d = TrainConfig()
+    args: list[str] = []
+    for flag, value, default in (("--batch-size", cfg.batch_size, d.batch_size),
+                                 ("--max-seq-len", cfg.max_seq_len, d.max_seq_len), ("--seed", cfg.seed, d.seed)):
+        if value != default:
+            args += [flag, str(value)]
+    return args
+
+
+def _data_args(cfg: BenchConfig) -> list[str]:
+    args = ["--data", cfg.data]
+    if cfg.eval_data != "auto":
+        args += ["--eval-data", cfg.eval_data]
+    for key, value in cfg.columns.items():
+        args += ["--" + key.replace("_", "-"), value]
+    return args
+
+
+def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path,
+            python: str = sys.executable) -> list[str]:
+    """The command line of one run. `precision` None lets corecpu resolve it (--precision auto);
+    the baselines always get the resolved value."""
+    length = ["--epochs", str(cfg.epochs)] + (["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])
+    if variant == "corecpu" or variant.startswith("corecpu:"):
+        suffix = variant.partition(":")[2]
+        extra = shlex.split(cfg.corecpu_extra[suffix]) if suffix else []
+        return [str(ROOT / "launch.sh"), str(cfg.ranks), "--model", cfg.model_spec, *_data_args(cfg), *length,
+                *_non_default(cfg), *(["--precision", precision] if precision else []),
+                "--output-dir", str(run_dir / variant.replace(":", "-")), "--log-every", "1", "--progress", "off",
+                *extra]
+    if precision is None:
+        raise ValueError(f"{variant} needs a resolved precision (fp32 or bf16)")
+    out = run_dir / f"{variant}.json"
+    base = ["--model", cfg.model_spec, *_data_args(cfg), *length, "--max-seq-len", str(cfg.max_seq_len),
+            "--seed", str(cfg.seed), "--precision", precision, "--out-json", str(out)]
+    torchrun = [str(Path(python).parent / "torchrun"), "--standalone", "--nproc-per-node", str(cfg.ranks)]
+    if variant in ("trainer_ddp", "trainer_ddp_grouped"):
+        grouped = "--group-by-length" if variant == "trainer_ddp_grouped" else "--no-group-by-length"
+        return [*torchrun, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size), grouped]
+    if variant == "trainer_1proc":
+        return [python, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size * cfg.ranks),
+                "--no-group-by-length"]
+    if variant == "plain_ddp":
+        return [*torchrun, str(BENCH / "plain_ddp.py"), *base, "--batch-size", str(cfg.batch_size)]
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")
+
+
+def variant_env(variant: str, env: dict[str, str], torchrun_threads: int) -> dict[str, str]:
+    """The environment of one run: no thread settings of ours, except OMP_NUM_THREADS for the ranks
+    torchrun starts. torchrun's own default is 1 thread per rank, which on a many-core host would
+    leave the baseline's cores idle; the fair share is the cores one process would use / ranks."""
+    clean = {k: v for k, v in env.items() if k not in THREAD_VARS}
+    if variant in ("trainer_ddp", "trainer_ddp_grouped", "plain_ddp"):
+        clean["OMP_NUM_THREADS"] = str(torchrun_threads)
+    return clean
+
+
+def corecpu_records(metrics_lines: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """corecpu's metrics.jsonl (run with --log-every 1) -> (step records, eval records)."""
+    import json
+
+    steps, evals = [], []
+    for line in metrics_lines:
+        rec = json.loads(line)
+        if "eval_accuracy" in rec:
+            evals.append({k: rec[k] for k in ("step", "eval_accuracy", "eval_f1", "eval_loss") if k in rec})
+        elif "elapsed_s" in rec:
+            if "samples" not in rec:
+                raise ValueError("corecpu's metrics.jsonl has no per-step 'samples' count; this benchmark needs "
+                                 "train.py to log the global samples of each step")
+            steps.append({"step": rec["step"], "t": rec["elapsed_s"], "loss": rec["loss"], "samples": rec["samples"],
+                          **({"padding": rec["padding"]} if "padding" in rec else {})})
+    return steps, evals
+
+
+def results_name(data_label: str, precision: str, ranks: int, model: str) -> str:
+    suffix = "" if model == "minilm" else f"-{Path(model).name}"
+    return f"throughput-{data_label}-{precision}-n{ranks}{suffix}"

@@ -1,0 +1,198 @@
+"""The benchmark harness's logic: throughput from step timestamps, medians and ratios, tables, commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import harness, stats
+
+
+def steps_from(times: list[float], samples: list[int], losses: list[float] | None = None) -> list[dict]:
+    losses = losses or [0.7] * len(times)
+    return [{"step": i + 1, "t": t, "samples": s, "loss": x} for i, (t, s, x) in enumerate(zip(times, samples, losses))]
+
+
+# ---------------------------------------------------------------- throughput window
+
+def test_window_counts_samples_and_skips_warmup() -> None:
+    steps = steps_from([10.0, 11.0, 13.0, 14.0, 16.0, 17.0], [32, 32, 32, 16, 32, 32])
+    w = stats.timed_window(steps, warmup=2)
+    # Steps 3..6: intervals 2 + 1 + 2 + 1 seconds, samples 32 + 16 + 32 + 32 (the short step counted as 16).
+    assert w["timed_seconds"] == pytest.approx(6.0)
+    assert w["timed_samples"] == 112
+    assert w["samples_per_s"] == pytest.approx(112 / 6)
+    assert w["ms_per_step"] == pytest.approx(1500.0)
+
+
+def test_window_leaves_out_intervals_holding_an_evaluation() -> None:
+    steps = steps_from([0.0, 1.0, 2.0, 3.0, 13.0, 14.0], [32] * 6)  # evaluation ran after step 4
+    w = stats.timed_window(steps, warmup=1, eval_after=[4])
+    assert w["timed_steps"] == 4
+    assert w["samples_per_s"] == pytest.approx(4 * 32 / 4.0)
+    assert stats.timed_window(steps, warmup=1)["samples_per_s"] < w["samples_per_s"]
+
+
+@pytest.mark.parametrize("steps, warmup", [
+    (steps_from([0.0, 1.0, 2.0], [32] * 3)[:1] + steps_from([0.0, 1.0, 2.0], [32] * 3)[2:], 1),  # step 2 missing
+    (steps_from([0.0, 1.0, 2.0], [32] * 3), 3),  # nothing left after the warm-up
+])
+def test_window_rejects_gaps_and_too_long_warmup(steps: list[dict], warmup: int) -> None:
+    with pytest.raises(ValueError):
+        stats.timed_window(steps, warmup)
+
+
+def test_run_result_takes_the_last_evaluation_and_flags_nan_loss() -> None:
+    steps = steps_from([0.0, 1.0, 2.0, 3.0], [8] * 4, [0.7, 0.6, float("nan"), 0.5])
+    evals = [{"step": 2, "eval_accuracy": 0.6, "eval_f1": 0.5, "eval_loss": 0.9},
+             {"step": 4, "eval_accuracy": 0.8, "eval_f1": 0.7, "eval_loss": 0.4}]
+    r = stats.run_result(steps, evals, warmup=1, wall_s=12.5)
+    assert (r["eval_accuracy"], r["eval_step"], r["wall_s"], r["samples_total"]) == (0.8, 4, 12.5, 32)
+    assert r["timed_steps"] == 2  # step 3's interval holds the evaluation after step 2
+    assert r["loss_ok"] is False
+
+
+# ---------------------------------------------------------------- medians, ratios, tables
+
+def fake_run(variant: str, sps: float, acc: float, wall: float, repeat: int) -> dict:
+    return {"variant": variant, "repeat": repeat, "samples_per_s": sps, "ms_per_step": 32000 / sps, "wall_s": wall,
+            "eval_accuracy": acc, "eval_f1": acc - 0.05, "final_loss": 0.3, "loss_ok": True}
+
+
+def fake_result() -> dict:
+    raw = [fake_run("corecpu", s, a, w, i) for i, (s, a, w) in enumerate([(130, 0.81, 50), (150, 0.80, 40),
+                                                                         (140, 0.82, 45)])]
+    raw += [fake_run("trainer_ddp", s, a, w, i) for i, (s, a, w) in enumerate([(100, 0.80, 60), (90, 0.79, 70),
+                                                                             (110, 0.81, 80)])]
+    result = {"config": {"model": "minilm", "data": "paraphrase", "precision": "bf16", "global_batch": 32,
+                         "ranks": 2, "batch_size": 16, "max_seq_len": 128, "epochs": 1, "max_steps": 0,
+                         "warmup": 10, "repeats": 3},
+              "machine": {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "usable_cpus": 112,
+                          "cpu_flags": {"avx512_bf16": True, "amx_bf16": True}},
+              "raw": raw}
+    return {**result, **stats.summarize(raw, ["corecpu", "trainer_ddp"])}
+
+
+def test_summary_takes_medians_min_max_and_ratios_against_trainer_ddp() -> None:
+    result = fake_result()
+    core, base = result["medians"]["corecpu"], result["medians"]["trainer_ddp"]
+    assert (core["samples_per_s"], core["samples_per_s_min"], core["samples_per_s_max"]) == (140, 130, 150)
+    assert (base["samples_per_s"], base["wall_s"], base["eval_accuracy"]) == (100, 70, 0.80)
+    assert result["ratios"]["corecpu"]["throughput"] == pytest.approx(1.4)
+    assert result["ratios"]["corecpu"]["wall_time"] == pytest.approx(45 / 70)
+    assert result["ratios"]["corecpu"]["accuracy_delta"] == pytest.approx(0.01)
+    assert result["ratios"]["trainer_ddp"]["throughput"] == pytest.approx(1.0)
+
+
+def test_summary_without_the_baseline_has_no_ratios() -> None:
+    raw = [fake_run("corecpu", 100, 0.8, 10, 1)]
+    summary = stats.summarize(raw, ["corecpu", "trainer_ddp"])
+    assert summary["ratios"] == {} and summary["baseline"] is None and list(summary["medians"]) == ["corecpu"]
+
+
+def test_markdown_table_from_result_json() -> None:
+    result = json.loads(json.dumps(fake_result()))  # what --report reads back
+    md = stats.markdown(result)
+    lines = md.splitlines()
+    assert "Intel(R) Xeon(R) Platinum 8480+" in lines[0] and "avx512_bf16 yes, amx_bf16 yes" in lines[0]
+    assert lines[2].startswith("| variant | samples/s |")
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in lines[4:]}
+    assert rows["corecpu"][1:4] == ["140.0", "130.0-150.0", "1.40x"]
+    assert rows["corecpu"][8] == "+0.0100"
+    assert rows["trainer_ddp"][3] == "1.00x"
+    assert lines[-1] == ("corecpu vs trainer_ddp: 1.40x samples/s (target >= 1.30x: met), "
+                         "eval accuracy +0.0100 (target within 0.01: met)")
+
+
+def test_verdict_fails_a_speedup_that_costs_accuracy() -> None:
+    result = fake_result()
+    result["ratios"]["corecpu"]["accuracy_delta"] = -0.02
+    assert "within 0.01: NOT met" in stats.verdict(result)
+    assert "1.50x: NOT met" in stats.verdict(result, speedup=1.5)
+    assert stats.verdict(result, variant="trainer_ddp") is None
+
+
+# ---------------------------------------------------------------- planning
+
+def test_corecpu_metrics_become_step_and_eval_records() -> None:
+    lines = [json.dumps({"step": 1, "loss": 0.7, "lr": 0.0, "samples": 32, "samples_per_s": 1.0, "elapsed_s": 0.5}),
+             json.dumps({"step": 2, "loss": 0.6, "lr": 1e-4, "samples": 17, "samples_per_s": 1.0, "elapsed_s": 0.9}),
+             json.dumps({"step": 2, "eval_loss": 0.5, "eval_accuracy": 0.75, "eval_f1": 0.7, "eval_examples": 4})]
+    steps, evals = harness.corecpu_records(lines)
+    assert [(s["step"], s["t"], s["samples"]) for s in steps] == [(1, 0.5, 32), (2, 0.9, 17)]
+    assert evals == [{"step": 2, "eval_accuracy": 0.75, "eval_f1": 0.7, "eval_loss": 0.5}]
+    with pytest.raises(ValueError, match="samples"):
+        harness.corecpu_records([json.dumps({"step": 1, "loss": 0.7, "elapsed_s": 0.5})])
+
+
+def test_holdout_split_is_deterministic_disjoint_and_ten_percent() -> None:
+    train, held = harness.holdout_split(1000, 0.1, seed=0)
+    assert len(held) == 100 and len(train) == 900
+    assert set(train).isdisjoint(held) and set(train) | set(held) == set(range(1000))
+    assert harness.holdout_split(1000, 0.1, seed=0) == (train, held)
+    assert held != list(range(100))  # shuffled, not the file's first lines
+    assert len(harness.holdout_split(3, 0.1)[1]) == 1
+
+
+def test_commands_hold_batch_precision_and_data_equal(tmp_path: Path) -> None:
+    cfg = harness.BenchConfig(model="tiny", data="paraphrase", ranks=2, batch_size=16, epochs=1,
+                              corecpu_extra={"gloo": "--allreduce gloo"})
+    core = harness.command("corecpu", cfg, None, tmp_path)
+    assert "--precision" not in core and "--batch-size" not in core  # corecpu's own defaults
+    assert core[1] == "2" and core[core.index("--data") + 1] == "paraphrase" and core[-2:] != ["--allreduce", "gloo"]
+    assert harness.command("corecpu:gloo", cfg, None, tmp_path)[-2:] == ["--allreduce", "gloo"]
+    ddp = harness.command("trainer_ddp", cfg, "bf16", tmp_path)
+    one = harness.command("trainer_1proc", cfg, "bf16", tmp_path)
+    grouped = harness.command("trainer_ddp_grouped", cfg, "bf16", tmp_path)
+    assert ddp[ddp.index("--batch-size") + 1] == "16" and one[one.index("--batch-size") + 1] == "32"
+    assert "--no-group-by-length" in ddp and "--group-by-length" in grouped and "torchrun" not in one[0]
+    assert all(c[c.index("--precision") + 1] == "bf16" for c in (ddp, one, grouped))
+    bigger = harness.command("corecpu", harness.BenchConfig(batch_size=8), None, tmp_path)
+    assert bigger[bigger.index("--batch-size") + 1] == "8"
+    with pytest.raises(ValueError):
+        harness.command("trainer_ddp", cfg, None, tmp_path)
+
+
+def test_variant_order_runs_corecpu_first_and_rejects_unknown_names() -> None:
+    order = harness.variant_order(["trainer_ddp", "corecpu", "trainer_1proc"], {"nogroup": "--no-group-by-length"})
+    assert order == ["corecpu", "corecpu:nogroup", "trainer_ddp", "trainer_1proc"]
+    with pytest.raises(ValueError):
+        harness.variant_order(["trainer"], {})
+    assert harness.parse_corecpu_args(["gloo=--allreduce gloo"]) == {"gloo": "--allreduce gloo"}
+    with pytest.raises(ValueError):
+        harness.parse_corecpu_args(["--allreduce gloo"])
+
+
+def test_torchrun_ranks_get_a_thread_share_and_nothing_else_inherits_thread_settings() -> None:
+    env = {"PATH": "/bin", "OMP_NUM_THREADS": "7", "KMP_AFFINITY": "compact"}
+    assert harness.variant_env("trainer_ddp", env, 28) == {"PATH": "/bin", "OMP_NUM_THREADS": "28"}
+    assert harness.variant_env("corecpu", env, 28) == {"PATH": "/bin"}
+    assert harness.variant_env("trainer_1proc", env, 28) == {"PATH": "/bin"}
+    assert env["OMP_NUM_THREADS"] == "7"  # the caller's mapping is left alone
+
+
+def test_a_data_file_is_split_and_rewritten_so_every_variant_reads_the_same_examples(tmp_path: Path) -> None:
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(harness.BENCH))  # throughput.py imports its siblings as a script does
+    try:
+        import throughput
+    finally:
+        sys.path.remove(str(harness.BENCH))
+    from corecpu.data import load_data
+
+    src = tmp_path / "pairs.csv"
+    src.write_text("q1,q2,dup\n" + "".join(f"question {i},other {i},{'yes' if i % 3 else 'no'}\n" for i in range(50)))
+    args = argparse.Namespace(data=str(src), eval_data=None, text_column="q1", text_pair_column="q2",
+                              label_column="dup")
+    cfg, info = throughput.prepare_data(args, tmp_path)
+    assert info["data_label"] == "pairs" and "held-out 10%" in info["eval"]
+    train = load_data(cfg["data"], split="train", **cfg["columns"])
+    held = load_data(cfg["eval_data"], split="eval", label_names=train.label_names, **cfg["columns"])
+    assert (len(train), len(held), train.label_names) == (45, 5, ["no", "yes"])
+    rows = {(t, p, train.label_names[y]) for t, p, y in zip(train.texts, train.text_pairs, train.labels)}
+    rows |= {(t, p, held.label_names[y]) for t, p, y in zip(held.texts, held.text_pairs, held.labels)}
+    assert rows == {(f"question {i}", f"other {i}", "yes" if i % 3 else "no") for i in range(50)}
