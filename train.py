@@ -30,11 +30,12 @@ from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu import ipex as ipex_support
-from corecpu.hardware import choose_precision, read_cpu_features
+from corecpu.hardware import read_cpu_features
 from corecpu.launchers import detect_launcher
 from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
                              scores_from_counts)
 from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
+from corecpu.precision import CalibrationShapes, agree_precision, resolve_precision, typical_batch_length
 
 
 def main() -> None:
@@ -54,7 +55,6 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     # Every rank validates its inputs, then all agree: a bad file on one host
     # must stop every rank with its message, not leave the others in a collective.
     try:
-        precision = choose_precision(cfg.precision, read_cpu_features())
         tokenizer = load_tokenizer(cfg.model)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         train_data = load_data(cfg.data, split="train", **columns)
@@ -77,6 +77,12 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     eval_loader = None
     if eval_data is not None:
         eval_loader = build_eval_loader(TokenizedDataset(eval_data, tokenizer, cfg.max_seq_len), cfg.batch_size, rank, world)
+    # fp32 or bf16 from evidence: each rank times this model's shapes on its own cores (or reads its
+    # cache) at the same time, then all take bf16 only if every rank chose it.
+    seq_len = typical_batch_length([len(ids) for ids in train_set.input_ids], cfg.batch_size)
+    precision = resolve_precision(cfg.precision, read_cpu_features(),
+                                  CalibrationShapes.from_model(model, cfg.batch_size, seq_len), threads)
+    precision = agree_precision(gather_objects(precision))
     micro_per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, world)
     optimizer_steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum)
     total_steps = optimizer_steps_per_epoch * cfg.epochs
@@ -109,7 +115,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     out = Path(cfg.output_dir)
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        (out / "config.json").write_text(json.dumps({**cfg.to_dict(), "resolved": precision.to_dict()}, indent=2))
     metrics = MetricsLog(out / "metrics.jsonl", loop.step if resume_from else None) if ctx.is_main else None
     reports = gather_objects(binding_report())
     if ctx.is_main:

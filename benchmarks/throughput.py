@@ -77,10 +77,17 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def resolve_precision(requested: str) -> str:
-    from corecpu.hardware import choose_precision, read_cpu_features
+def resolve_precision(args: argparse.Namespace) -> str:
+    """What corecpu's --precision auto picks for this model here (the cached calibration, or one)."""
+    if args.precision != "auto":
+        return args.precision
+    from corecpu.hardware import read_cpu_features
+    from corecpu.modeling import load_model
+    from corecpu.precision import CalibrationShapes, resolve_precision as resolve
 
-    return choose_precision(requested, read_cpu_features()).name
+    model, _ = load_model(MODEL_SPECS[args.model], ["negative", "positive"], args.seed)
+    shapes = CalibrationShapes.from_model(model, args.batch_size, min(64, args.max_seq_len))
+    return resolve("auto", read_cpu_features(), shapes, max(1, (os.cpu_count() or 1) // args.ranks)).name
 
 
 def commands(args: argparse.Namespace, precision: str, run_dir: Path) -> dict[str, list[str]]:
@@ -220,7 +227,7 @@ def main() -> None:
     if args.report:
         print_tables(json.loads(args.report.read_text()), args.markdown)
         return
-    precision = resolve_precision(args.precision)
+    precision = resolve_precision(args)
     variants = [v for v in VARIANTS if v in args.variants.split(",")]
     out = args.out or BENCH / "results" / f"throughput-{args.model}-{precision}-n{args.ranks}.json"
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-throughput-"))

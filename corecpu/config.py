@@ -51,7 +51,8 @@ class TrainConfig:
     max_steps: int = _opt(0, "stop after this many optimizer steps (0: run all epochs)")
     seed: int = _opt(0, "base random seed; rank r uses seed + r where randomness must differ")
     # -- how to run
-    precision: str = _opt("auto", "auto: bf16 autocast only if the CPU has amx_bf16/avx512_bf16, else fp32",
+    precision: str = _opt("auto", "auto: bf16 autocast if the CPU has AMX or bf16 measured >= 1.1x fp32 "
+                          "for this model (timed once per CPU, cached in ~/.cache/corecpu), else fp32",
                           choices=("auto", "fp32", "bf16"))
     backend: str = _opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo",
                         choices=("auto", "gloo", "ccl", "mpi"))

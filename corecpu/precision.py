@@ -236,29 +236,31 @@ def measure_bf16_speedup(shapes: CalibrationShapes, threads: int, budget_s: floa
     old_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
-        work = _workloads(shapes)
-        # One thread computes in this thread, and its CPU time ignores other processes sharing the
-        # core; with a pool, wall time is what the step will take.
-        clock = time.thread_time if threads <= 1 else time.perf_counter
+        # fork_rng: the random inputs and dropout here must not shift the training run's random stream.
+        with torch.random.fork_rng(devices=[]):
+            work = _workloads(shapes)
+            # One thread computes in this thread, and its CPU time ignores other processes sharing the
+            # core; with a pool, wall time is what the step will take.
+            clock = time.thread_time if threads <= 1 else time.perf_counter
 
-        def one(bf16: bool) -> float:
-            total = 0.0
-            for run, weight in work:
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    start = clock()
-                    run()
-                    total += (clock() - start) * weight
-            return total
+            def one(bf16: bool) -> float:
+                total = 0.0
+                for run, weight in work:
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                        start = clock()
+                        run()
+                        total += (clock() - start) * weight
+                return total
 
-        one(False), one(True)  # first calls pick oneDNN kernels and grow the allocator
-        fp32, bf16 = [], []
-        deadline = time.perf_counter() + budget_s
-        for r in range(max_rounds):
-            for is_bf16 in ((False, True) if r % 2 == 0 else (True, False)):
-                (bf16 if is_bf16 else fp32).append(one(is_bf16))
-            if r + 1 >= min_rounds and time.perf_counter() >= deadline:
-                break
-        return statistics.median(fp32) / statistics.median(bf16)
+            one(False), one(True)  # first calls pick oneDNN kernels and grow the allocator
+            fp32, bf16 = [], []
+            deadline = time.perf_counter() + budget_s
+            for r in range(max_rounds):
+                for is_bf16 in ((False, True) if r % 2 == 0 else (True, False)):
+                    (bf16 if is_bf16 else fp32).append(one(is_bf16))
+                if r + 1 >= min_rounds and time.perf_counter() >= deadline:
+                    break
+            return statistics.median(fp32) / statistics.median(bf16)
     finally:
         torch.set_num_threads(old_threads)
 

@@ -114,11 +114,15 @@ def test_shapes_from_a_plain_module_count_its_linears():
     SHAPES,
     CalibrationShapes(2, 8, hidden_size=32, intermediate_size=64, num_heads=2, num_layers=2, num_params=500),
 ])
-def test_calibration_returns_a_positive_finite_ratio_and_restores_threads(shapes):
+def test_calibration_returns_a_positive_finite_ratio_and_leaves_threads_and_rng_alone(shapes):
     before = torch.get_num_threads()
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
     ratio = measure_bf16_speedup(shapes, threads=1, budget_s=0.0)
     assert math.isfinite(ratio) and ratio > 0
     assert torch.get_num_threads() == before
+    assert torch.equal(torch.rand(3), expected)  # training's random stream is where it was
 
 
 # ---------------------------------------------------------------- cache
