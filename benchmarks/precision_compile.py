@@ -104,7 +104,7 @@ def cmd_ratio(args: argparse.Namespace) -> dict:
 
 
 def cmd_compile(args: argparse.Namespace) -> dict:
-    lengths = list(range(16, 129, 16))
+    lengths = args.compile_lengths
     bf16 = args.precision == "bf16"
     result: dict = {"precision": args.precision, "lengths": lengths, "variants": {}}
     for variant in args.variants:
@@ -118,10 +118,17 @@ def cmd_compile(args: argparse.Namespace) -> dict:
             wall = time.perf_counter()
             first = timed(lambda: train_step(model, opt, batch, bf16), 1)[0]
             wall = time.perf_counter() - wall
-            steady = statistics.median(timed(lambda: train_step(model, opt, batch, bf16), args.steps))
-            rows[length] = {"first_s": first, "first_wall_s": wall, "steady_s": steady, "warmup_s": first - steady}
+            # Steady state against eager in the same process, interleaved: the machine's load drifts.
+            compiled, eager = [], []
+            for _ in range(args.steps):
+                compiled += timed(lambda: train_step(model, opt, batch, bf16), 1)
+                eager += timed(lambda: train_step(base, opt, batch, bf16), 1)
+            steady, plain = statistics.median(compiled), statistics.median(eager)
+            rows[length] = {"first_s": first, "first_wall_s": wall, "steady_s": steady, "eager_s": plain,
+                            "warmup_s": first - steady}
             print(f"{variant:8s} L={length:4d}: first step {first:7.2f} CPU s ({wall:.1f} s wall), "
-                  f"steady {steady * 1e3:7.1f} CPU ms/step", flush=True)
+                  f"steady {steady * 1e3:7.1f} CPU ms/step vs eager {plain * 1e3:7.1f} (x{plain / steady:.3f})",
+                  flush=True)
         result["variants"][variant] = rows
     return result
 
@@ -138,6 +145,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=0.5, help="calibration budget in seconds")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="compile: precision of the steps")
     p.add_argument("--variants", nargs="+", default=["eager", "static", "dynamic"])
+    p.add_argument("--compile-lengths", type=int, nargs="+", default=list(range(16, 129, 16)),
+                   help="compile: padded lengths, in the order first seen (buckets of 16 up to 128)")
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     torch.set_num_threads(1)
