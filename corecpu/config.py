@@ -58,7 +58,8 @@ class TrainConfig:
                         choices=("auto", "gloo", "ccl", "mpi"))
     allreduce: str = _opt("auto", "gradient all-reduce: auto (Intel MPI's shared-memory collectives via mpi4py when "
                           "the ranks were started by MPI, else gloo), gloo, mpi", choices=("auto", "gloo", "mpi"))
-    compile: bool = _opt(False, "apply torch.compile to the model")
+    compile: bool = _opt(False, "apply torch.compile to the model (measured: no faster than eager for "
+                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = _opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",
                      choices=("auto", "off"))
     threads: int = _opt(0, "compute threads per rank (0: this rank's cores, as bound by the launcher or planned here)")
