@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from corecpu.errors import CoreCPUError
-from corecpu.hardware import BF16_FLAGS, CpuFeatures
+from corecpu.hardware import CpuFeatures
 
 PRECISIONS = ("auto", "fp32", "bf16")
 # bf16 must be clearly faster: the calibration tracked the real step's ratio within 1-8%, and
@@ -89,7 +89,7 @@ def decide_precision(requested: str, features: CpuFeatures, bf16_speedup: float 
         if ratio is not None and ratio < 1.0:
             warning = (f"bf16 measured {ratio:.2f}x the speed of fp32 {where}: training will be slower; "
                        "use precision auto or fp32")
-        elif ratio is None and not has_amx(features) and not any(f in features.flags for f in BF16_FLAGS):
+        elif ratio is None and not features.has_native_bf16:
             warning = ("bf16 forced on a CPU without amx_bf16/avx512_bf16: PyTorch emulates it and training "
                        "will be about 2x slower than fp32; use precision auto or fp32")
         return PrecisionChoice("bf16", "requested", warning, ratio)
@@ -116,7 +116,7 @@ def agree_precision(choices: Sequence[PrecisionChoice]) -> PrecisionChoice:
     slowest = min(measured, key=lambda c: c.bf16_speedup) if measured else choices[0]
     names = Counter(c.name for c in choices)
     if len(names) == 1:
-        return slowest if slowest.name == choices[0].name else choices[0]
+        return slowest
     fp32 = next(c for c in choices if c.name == "fp32")
     return dataclasses.replace(fp32, bf16_speedup=slowest.bf16_speedup,
                                reason=f"bf16 faster on {names['bf16']} of {len(choices)} ranks only; "
