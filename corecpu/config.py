@@ -51,13 +51,15 @@ class TrainConfig:
     max_steps: int = _opt(0, "stop after this many optimizer steps (0: run all epochs)")
     seed: int = _opt(0, "base random seed; rank r uses seed + r where randomness must differ")
     # -- how to run
-    precision: str = _opt("auto", "auto: bf16 autocast only if the CPU has amx_bf16/avx512_bf16, else fp32",
+    precision: str = _opt("auto", "auto: bf16 autocast if the CPU has AMX or bf16 measured >= 1.1x fp32 "
+                          "for this model (timed once per CPU, cached in ~/.cache/corecpu), else fp32",
                           choices=("auto", "fp32", "bf16"))
     backend: str = _opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo",
                         choices=("auto", "gloo", "ccl", "mpi"))
     allreduce: str = _opt("auto", "gradient all-reduce: auto (Intel MPI's shared-memory collectives via mpi4py when "
                           "the ranks were started by MPI, else gloo), gloo, mpi", choices=("auto", "gloo", "mpi"))
-    compile: bool = _opt(False, "apply torch.compile to the model")
+    compile: bool = _opt(False, "apply torch.compile to the model (measured: no faster than eager for "
+                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = _opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",
                      choices=("auto", "off"))
     threads: int = _opt(0, "compute threads per rank (0: this rank's cores, as bound by the launcher or planned here)")

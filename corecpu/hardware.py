@@ -1,8 +1,7 @@
-"""What this CPU and this Python environment can do: ISA flags, precision, IPEX, oneCCL.
+"""What this CPU and this Python environment can do: ISA flags, IPEX, oneCCL.
 
-Precision follows the hardware: bf16 autocast only pays off where the CPU has
-native bf16 instructions (AVX512-BF16 or AMX-BF16). Without them PyTorch emulates
-bf16 and a step is about twice as slow as fp32, so `auto` picks fp32 there.
+Which precision to train in is decided in corecpu/precision.py, from these flags
+(AMX) and, where flags cannot tell, from a measurement.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import importlib.metadata
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-from corecpu.errors import CoreCPUError
 
 # Flags corecpu reports and acts on; /proc/cpuinfo spells them this way.
 TRACKED_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
@@ -76,41 +73,6 @@ def read_cpu_features(proc_cpuinfo: str | Path = "/proc/cpuinfo", use_cpuinfo_li
     else:
         flags |= lib_flags
     return CpuFeatures(model_name=model or "unknown CPU", flags=frozenset(flags))
-
-
-@dataclass(frozen=True)
-class PrecisionChoice:
-    name: str  # "fp32" or "bf16"
-    reason: str
-    warning: str | None = None
-
-    @property
-    def autocast_dtype(self):  # torch.dtype | None; torch is imported lazily so `corecpu plan` stays fast
-        import torch
-
-        return torch.bfloat16 if self.name == "bf16" else None
-
-
-def choose_precision(requested: str, features: CpuFeatures) -> PrecisionChoice:
-    """Pure: the precision to train in, given the request and the CPU's flags."""
-    native = features.has_native_bf16
-    found = ", ".join(f for f in BF16_FLAGS if f in features.flags)
-    if requested == "auto":
-        if native:
-            return PrecisionChoice("bf16", f"CPU has native bf16 ({found})")
-        return PrecisionChoice("fp32", "CPU has no amx_bf16/avx512_bf16; emulated bf16 is slower than fp32")
-    if requested == "fp32":
-        return PrecisionChoice("fp32", "requested")
-    if requested == "bf16":
-        if native:
-            return PrecisionChoice("bf16", f"requested; CPU has native bf16 ({found})")
-        return PrecisionChoice(
-            "bf16",
-            "requested",
-            warning="bf16 forced on a CPU without amx_bf16/avx512_bf16: PyTorch emulates it and "
-            "training will be about 2x slower than fp32; use --precision auto or fp32",
-        )
-    raise CoreCPUError(f"unknown precision {requested!r}; use one of: auto, fp32, bf16")
 
 
 def _torch_version() -> str:

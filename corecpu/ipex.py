@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from corecpu.hardware import Extension, PrecisionChoice, ipex_status
+from corecpu.hardware import Extension, ipex_status
+from corecpu.precision import PrecisionChoice
 
 
 def wanted(mode: str) -> Extension | None:

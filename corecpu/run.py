@@ -33,7 +33,8 @@ from corecpu import dist as _dist  # noqa: E402
 from corecpu import ipex as _ipex  # noqa: E402
 from corecpu.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce  # noqa: E402
 from corecpu.hardware import Extension, read_cpu_features  # noqa: E402
-from corecpu.precision import PrecisionChoice, resolve_for_model, resolve_requested  # noqa: E402
+from corecpu.precision import (CalibrationShapes, PrecisionChoice, agree_precision, decide_precision,  # noqa: E402
+                               resolve_precision, typical_batch_length)
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -43,6 +44,7 @@ class _Late:
     """What is settled after setup(): precision 'auto' (needs the model) and resources to release."""
 
     precision: PrecisionChoice | None = None
+    shape_hint: tuple[int, int | None] | None = None  # (batch, tokens per example) of the last loader: calibration
     closers: list[Callable[[], None]] = field(default_factory=list)
     closed: bool = False
 
@@ -154,20 +156,24 @@ class Run:
         return model, optimizer
 
     def _settle_precision(self, model: torch.nn.Module) -> PrecisionChoice:
+        """auto: AMX means bf16; elsewhere the model's own shapes are timed in both precisions (once per CPU
+        model, then cached). Every rank measures on its own cores; bf16 only if every rank found it faster."""
         if self._late.precision is None:
-            choice = resolve_for_model(self.requested_precision, read_cpu_features(), unwrap(model), self.threads)
-            self._late.precision = self._agree_precision(choice)
+            batch, seq = self._late.shape_hint or (16, None)
+            if seq is None:  # no lengths known: a typical fine-tuning length for sequence models, 1 row otherwise
+                seq = 64 if hasattr(unwrap(model), "config") else 1
+            features = read_cpu_features()
+            try:
+                shapes = CalibrationShapes.from_model(unwrap(model), batch, seq)
+                choice = resolve_precision(self.requested_precision, features, shapes, self.threads)
+            except CoreCPUError as exc:
+                if self.requested_precision == "bf16":
+                    choice = decide_precision("bf16", features)
+                else:  # nothing bf16 could speed up (no Linear layers): fp32, and say why
+                    choice = PrecisionChoice("fp32", f"no shapes to calibrate bf16 on ({exc})".split(";")[0] + ")",
+                                             source="measured")
+            self._late.precision = agree_precision(self.gather(choice)) if self.world_size > 1 else choice
         return self._late.precision
-
-    def _agree_precision(self, choice: PrecisionChoice) -> PrecisionChoice:
-        # Ranks measure on their own cores; bf16 only if every rank found it faster, so all compute alike.
-        if self.world_size == 1 or choice.name == "bf16" and choice.source != "measured":
-            return choice
-        votes = self.all_reduce_sum([1.0 if choice.name == "bf16" else 0.0])[0]
-        if votes == self.world_size or votes == 0:
-            return choice
-        return PrecisionChoice("fp32", f"{choice.reason}; fp32 because not every rank measured bf16 faster",
-                               choice.warning, choice.bf16_speedup, choice.source)
 
     def autocast(self) -> ContextManager:
         """bf16 autocast where the settled precision is bf16, else nothing. Call after wrap()."""
@@ -195,6 +201,7 @@ class Run:
         if batch_size < 1:
             raise CoreCPUError(f"batch_size must be at least 1, got {batch_size}")
         sampler = ResumableDistributedSampler(dataset, self.world_size, self.rank, shuffle, seed, batch_size)
+        self._late.shape_hint = (batch_size, typical_batch_length(lengths, batch_size) if lengths else None)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
 
     # ------------------------------------------------------------ collectives
@@ -292,8 +299,8 @@ def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist
                   threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()), allreduce=path,
                   allreduce_reason=path_reason, ipex=ext, compile=compile, requested_precision=precision,
                   master=f"{ctx.master_addr}:{ctx.master_port}" if ctx.master_addr else "")
-        if precision != "auto":
-            run._late.precision = resolve_requested(precision, read_cpu_features())
+        if precision == "fp32":  # bf16 is settled in wrap(): a cached measurement may warn about it
+            run._late.precision = decide_precision("fp32", read_cpu_features())
     except BaseException:
         _dist.teardown()
         raise

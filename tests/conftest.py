@@ -24,6 +24,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "chaos: kills, stops and starves real processes (tier 3)")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_precision_cache(tmp_path_factory):
+    # Runs with --precision auto cache their calibration; keep it out of the user's ~/.cache.
+    saved = os.environ.get("CORECPU_CACHE_DIR")
+    os.environ["CORECPU_CACHE_DIR"] = str(tmp_path_factory.mktemp("corecpu-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("CORECPU_CACHE_DIR", None)
+    else:
+        os.environ["CORECPU_CACHE_DIR"] = saved
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_state():
     saved = dict(os.environ)

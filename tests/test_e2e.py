@@ -73,6 +73,25 @@ def test_launch_two_ranks_tiny(tmp_path):
     assert check.stdout.split() == ["2", "positive"]
 
 
+def test_auto_precision_is_measured_once_then_cached(tmp_path, monkeypatch):
+    from corecpu.hardware import read_cpu_features
+    from corecpu.precision import has_amx
+
+    if has_amx(read_cpu_features()):
+        pytest.skip("AMX means bf16 without measuring")
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    sources = []
+    for run in ("first", "second"):
+        out = tmp_path / run
+        proc = launch(2, "--model", "tiny", "--progress", "off", "--max-steps", "1", "--output-dir", str(out))
+        resolved = json.loads((out / "config.json").read_text())["resolved"]
+        assert resolved["precision"] in ("fp32", "bf16") and resolved["bf16_speedup"] > 0
+        assert f"precision {resolved['precision']} (measured bf16 {resolved['bf16_speedup']:.2f}x" in proc.stdout
+        sources.append(resolved["source"])
+    assert sources == ["measured", "cached"]
+    assert len(json.loads((tmp_path / "cache" / "precision.json").read_text())["entries"]) == 1
+
+
 def test_plain_torchrun_ranks_are_planned_in_process(tmp_path):
     # torchrun binds nothing and sets OMP_NUM_THREADS=1; train.py must plan this node itself.
     out = tmp_path / "torchrun"

@@ -1,38 +1,6 @@
-"""Tier 1: CPU flag detection and the precision rule."""
+"""Tier 1: CPU flag detection (the precision decision is tested in test_precision.py)."""
 
-import pytest
-import torch
-
-from corecpu.errors import CoreCPUError
-from corecpu.hardware import CpuFeatures, choose_precision, parse_proc_cpuinfo, read_cpu_features
-
-SPR = CpuFeatures("Intel Xeon Platinum 8480+", frozenset({"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile"}))
-ICX = CpuFeatures("Intel Xeon Platinum 8380", frozenset({"avx512f", "avx512_vnni"}))
-ZEN4 = CpuFeatures("AMD EPYC", frozenset({"avx512f", "avx512_bf16"}))
-
-
-def test_auto_picks_bf16_only_with_native_support():
-    assert choose_precision("auto", SPR).name == "bf16"
-    assert choose_precision("auto", ZEN4).name == "bf16"
-    icx = choose_precision("auto", ICX)
-    assert icx.name == "fp32" and icx.autocast_dtype is None and icx.warning is None
-
-
-def test_forced_bf16_without_hardware_warns_once():
-    choice = choose_precision("bf16", ICX)
-    assert choice.name == "bf16" and choice.autocast_dtype == torch.bfloat16
-    assert "slower" in choice.warning
-    assert choose_precision("bf16", SPR).warning is None
-
-
-def test_fp32_is_always_fp32():
-    assert choose_precision("fp32", SPR).name == "fp32"
-
-
-def test_unknown_precision():
-    with pytest.raises(CoreCPUError, match="unknown precision 'fp8'"):
-        choose_precision("fp8", SPR)
-
+from corecpu.hardware import parse_proc_cpuinfo, read_cpu_features
 
 CPUINFO = """processor	: 0
 vendor_id	: GenuineIntel
