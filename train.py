@@ -63,7 +63,6 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         if eval_spec != "none":
             eval_data = load_data(eval_spec, split="eval", label_names=train_data.label_names, **columns)
         model, model_desc = load_model(cfg.model, train_data.label_names, cfg.seed)
-        resume_from = ckpt.find_resume(cfg.output_dir, cfg.resume)
         setup_error = None
     except CoreCPUError as exc:
         setup_error = exc
@@ -89,15 +88,13 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     use_ipex = ipex is not None and ipex.usable
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr, fused=not use_ipex)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    loop = ckpt.LoopState()
-    if resume_from is not None:
-        loop, warning = ckpt.load_checkpoint(resume_from, model, optimizer, scheduler, rank, world)
-        changes = ckpt.config_changes(resume_from, cfg.to_dict())
-        for note in ([warning] if warning else []) + ([f"resuming with changed settings: {'; '.join(changes)}"] if changes else []):
-            say(f"[yellow]warning:[/] {note}")
-    elif ckpt.list_checkpoints(cfg.output_dir):
-        say(f"note: {cfg.output_dir} holds checkpoints of an earlier run; this fresh run's checkpoints replace them "
-            "(use --resume auto to continue that run instead)")
+    ckpt_config = {**cfg.to_dict(), "label_names": label_names,
+                   "resolved": {"precision": precision.name, "backend": ctx.backend, "threads": threads}}
+    loop = ckpt.resume(cfg.output_dir, cfg.resume, model=model, optimizer=optimizer, scheduler=scheduler,
+                       config=ckpt_config) or ckpt.LoopState()
+    resume_from = loop.path
+    for note in loop.notes:
+        say(f"[yellow]warning:[/] {note}")
 
     if use_ipex:
         model, optimizer = ipex_support.optimize(model, optimizer, scheduler, precision)
@@ -142,10 +139,11 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         return scores_from_counts(counts, len(label_names))
 
     def save() -> None:
-        position = ckpt.LoopState(loop.step, loop.epoch, loop.batches_in_epoch)
-        if position.batches_in_epoch >= micro_per_epoch:
-            position = ckpt.LoopState(loop.step, loop.epoch + 1, 0)
-        ckpt.save_checkpoint(out, unwrapped, optimizer, scheduler, position, cfg.to_dict(), cfg.keep_checkpoints)
+        epoch, batches = loop.epoch, loop.batches_in_epoch
+        if batches >= micro_per_epoch:
+            epoch, batches = epoch + 1, 0
+        ckpt.save(out, step=loop.step, model=unwrapped, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
+                  batches_in_epoch=batches, config=ckpt_config, keep=cfg.keep_checkpoints)
 
     # -------------------------------------------------------------- training
     progress = make_progress(cfg.progress, console) if ctx.is_main else None
