@@ -34,7 +34,8 @@ from corecpu.hardware import choose_precision, read_cpu_features
 from corecpu.launchers import detect_launcher
 from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
                              scores_from_counts)
-from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
+from corecpu.modeling import check_inputs, load_model, load_tokenizer, optimizer_groups, resolve_model_dir, threads_warning
+from corecpu import outputs
 
 
 def main() -> None:
@@ -55,7 +56,10 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     # must stop every rank with its message, not leave the others in a collective.
     try:
         precision = choose_precision(cfg.precision, read_cpu_features())
+        weights = 0 if cfg.model == "tiny" else outputs.model_weights_bytes(resolve_model_dir(cfg.model))
+        outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights, cfg.keep_checkpoints))
         tokenizer = load_tokenizer(cfg.model)
+        check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         train_data = load_data(cfg.data, split="train", **columns)
         eval_data = None
@@ -95,6 +99,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     resume_from = loop.path
     for note in loop.notes:
         say(f"[yellow]warning:[/] {note}")
+    if ctx.is_main and (note := outputs.set_aside_earlier_run(cfg.output_dir, resuming=resume_from is not None)):
+        say(f"note: {note}")
 
     if use_ipex:
         model, optimizer = ipex_support.optimize(model, optimizer, scheduler, precision)
@@ -120,6 +126,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         + (f"; resuming from {resume_from} (step {loop.step})" if resume_from else ""))
     if precision.warning:
         say(f"[yellow]warning:[/] {precision.warning}")
+    if cfg.threads and (warning := threads_warning(cfg.threads, frozenset(os.sched_getaffinity(0)))):
+        say(f"[yellow]warning:[/] {warning}")
 
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision.name == "bf16" else contextlib.nullcontext
 
