@@ -6,7 +6,6 @@ import errno
 import json
 import os
 import random
-import shutil
 import subprocess
 from collections import namedtuple
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from corecpu import checkpoint as ckpt
+from corecpu import checkpoint_store as store
 from corecpu.errors import CoreCPUError
 
 Usage = namedtuple("Usage", "total used free")
@@ -94,7 +94,7 @@ def test_meta_records_size_and_checksum_of_state(tmp_path):
     path = save(tmp_path, 3, model, opt, config={"lr": 0.1})
     meta = json.loads((path / "meta.json").read_text())
     assert meta["files"]["state.pt"]["bytes"] == (path / "state.pt").stat().st_size
-    assert meta["files"]["state.pt"]["blake2b"] == ckpt.file_digest(path / "state.pt")
+    assert meta["files"]["state.pt"]["blake2b"] == store.file_digest(path / "state.pt")
     assert sorted(p.name for p in path.iterdir()) == ["meta.json", "state.pt"]
 
 
@@ -203,12 +203,12 @@ def test_writer_gone_decision():
     here = "node1"
     dead, live = (lambda pid: False), (lambda pid: True)
     same = lambda pid: "100"  # noqa: E731
-    assert ckpt.writer_gone({"host": here, "pid": 5, "start": "100"}, 5, here, dead, same)
-    assert not ckpt.writer_gone({"host": here, "pid": 5, "start": "100"}, 5, here, live, same)
-    assert ckpt.writer_gone({"host": here, "pid": 5, "start": "100"}, 5, here, live, lambda pid: "999")  # PID reused
-    assert not ckpt.writer_gone({"host": "node2", "pid": 5}, 5, here, dead, same)  # cannot check another host
-    assert ckpt.writer_gone(None, 5, here, dead, same)  # older saves wrote no owner file
-    assert not ckpt.writer_gone(None, None, here, dead, same)
+    assert store.writer_gone({"host": here, "pid": 5, "start": "100"}, 5, here, dead, same)
+    assert not store.writer_gone({"host": here, "pid": 5, "start": "100"}, 5, here, live, same)
+    assert store.writer_gone({"host": here, "pid": 5, "start": "100"}, 5, here, live, lambda pid: "999")  # PID reused
+    assert not store.writer_gone({"host": "node2", "pid": 5}, 5, here, dead, same)  # cannot check another host
+    assert store.writer_gone(None, 5, here, dead, same)  # older saves wrote no owner file
+    assert not store.writer_gone(None, None, here, dead, same)
 
 
 def test_stale_leftovers_are_cleaned_only_when_their_writer_is_gone(tmp_path):
@@ -223,9 +223,9 @@ def test_stale_leftovers_are_cleaned_only_when_their_writer_is_gone(tmp_path):
         d.mkdir(parents=True)
     (gone / "state.pt").write_bytes(b"x" * 1000)
     (running / "owner.json").write_text(json.dumps({"host": "me", "pid": os.getpid(),
-                                                    "start": ckpt._process_start(os.getpid())}))
+                                                    "start": store._process_start(os.getpid())}))
     (remote / "owner.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
-    notes = ckpt.clean_stale(tmp_path, host="me")
+    notes = store.clean_stale(tmp_path, host="me")
     assert not gone.exists() and not partial.exists()
     assert running.exists() and remote.exists()
     assert len(notes) == 2 and any(str(gone) in n and "did not finish" in n for n in notes)
@@ -253,7 +253,7 @@ def test_free_space_is_checked_before_writing(tmp_path, monkeypatch):
                                            r"0.10 MB free"):
         save(tmp_path, 2, model, opt)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
-    assert ckpt.verify(first, json.loads((first / "meta.json").read_text())) is None
+    assert store.verify(first, json.loads((first / "meta.json").read_text())) is None
 
 
 def test_enospc_during_the_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

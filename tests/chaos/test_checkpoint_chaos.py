@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from corecpu import checkpoint as ckpt
+from corecpu import checkpoint_store as store
 from test_e2e import TINY, launch, records
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
@@ -43,7 +43,7 @@ def test_resume_auto_skips_a_truncated_newest_checkpoint_with_identical_losses(t
     assert [r["loss"] for r in again] == [r["loss"] for r in straight]
     # The damaged checkpoint was replaced by a good one at the same step.
     meta = json.loads((newest / "meta.json").read_text())
-    assert ckpt.verify(newest, meta) is None
+    assert store.verify(newest, meta) is None
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_disk_full_stops_in_one_line_and_keeps_the_previous_checkpoint(tmpfs_40m
     assert " MB free" in last
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-00000004"]  # nothing half-written
     first = out / "checkpoints" / "step-00000004"
-    assert ckpt.verify(first, json.loads((first / "meta.json").read_text())) is None
+    assert store.verify(first, json.loads((first / "meta.json").read_text())) is None
     assert not (out / "final").exists()
 
 
