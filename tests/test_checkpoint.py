@@ -94,7 +94,7 @@ def test_meta_records_size_and_checksum_of_state(tmp_path):
     path = save(tmp_path, 3, model, opt, config={"lr": 0.1})
     meta = json.loads((path / "meta.json").read_text())
     assert meta["files"]["state.pt"]["bytes"] == (path / "state.pt").stat().st_size
-    assert meta["files"]["state.pt"]["blake2b"] == store.file_digest(path / "state.pt")
+    assert meta["files"]["state.pt"]["sha256"] == store.file_digest(path / "state.pt")
     assert sorted(p.name for p in path.iterdir()) == ["meta.json", "state.pt"]
 
 
