@@ -315,3 +315,21 @@ def test_real_disk_full_on_a_small_tmpfs(small_tmpfs, monkeypatch):
     with pytest.raises(CoreCPUError, match=r"^no space left on .*: checkpoint needs about 3 MB"):
         save(small_tmpfs, 3, model, opt)  # and the estimate catches it before writing anything
     assert [p.name for p in (small_tmpfs / "checkpoints").iterdir()] == [first.name]
+
+
+# ---------------------------------------------------------------- two ranks
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_share_outcomes_and_keep_their_own_rng(tmp_path):
+    from test_ddp import spawn
+
+    for r in spawn("ckpt_ranks.py", 2, str(tmp_path / "run"), str(tmp_path)):
+        assert r.returncode == 0, r.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    # Rank 0's disk-full reached rank 1 as the same line, instead of leaving it at a barrier.
+    assert ranks[0]["disk_full"] == ranks[1]["disk_full"] and ranks[0]["disk_full"].startswith("no space left on")
+    for r in ranks:  # both fell back past the truncated step 2 to step 1, and got their own RNG back
+        assert r["step"] == 1 and r["draw"] == r["expected_draw"]
+        assert len(r["notes"]) == 1 and "step-00000002: state.pt has 100 bytes" in r["notes"][0]
+    assert ranks[0]["draw"] != ranks[1]["draw"]
