@@ -126,15 +126,20 @@ def save(
     rank = dist.get_rank() if dist.is_initialized() else 0
     states = gather_objects(rng_state())
     final = checkpoint_root(output_dir) / f"{PREFIX}{step:08d}"
-    error = None
+    error, unexpected = None, None
     if rank == 0:
         try:
             error = _save_rank0(output_dir, final, step, model, optimizer, scheduler, epoch, batches_in_epoch,
                                 extra, config, keep, states)
         except CoreCPUError as exc:
             error = str(exc)
+        except Exception as exc:  # a bug or an I/O error we do not know: rank 0 keeps its traceback
+            unexpected = exc
+            error = f"rank 0 could not write checkpoint {final} ({type(exc).__name__}: {exc}); see rank 0's error"
     # Rank 0's outcome, on every rank: a failed write must stop all of them, not strand them at a barrier.
     error = _broadcast(error)
+    if unexpected is not None:
+        raise unexpected
     if error:
         raise CoreCPUError(error)
     return final if rank == 0 else None
