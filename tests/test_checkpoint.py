@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import random
+import re
 import subprocess
 from collections import namedtuple
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_with_a_note(tmp_pa
     loop = ckpt.resume(tmp_path, "auto", model=fresh, optimizer=fresh_opt, scheduler=fresh_sched)
     assert loop.step == 10
     assert len(loop.notes) == 1 and loop.notes[0].startswith(f"skipped checkpoint {newest}: "), loop.notes
-    assert __import__("re").search(reason, loop.notes[0]), loop.notes[0]
+    assert re.search(reason, loop.notes[0]), loop.notes[0]
     assert all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
 
 
