@@ -26,7 +26,8 @@ from corecpu.hf_data import auto_eval_data
 from corecpu.loop import Schedule, StepStats
 from corecpu.metrics import eval_counts, scores_from_counts
 from corecpu.modelcard import write_model_card
-from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
+from corecpu import outputs
+from corecpu.modeling import check_inputs, load_model, load_tokenizer, optimizer_groups, resolve_model_dir
 from corecpu.reporting import Reporter
 from corecpu.run import Run
 from corecpu.tokencache import tokenize_cached
@@ -46,7 +47,10 @@ def train(cfg: TrainConfig, run: Run) -> None:
     # Every rank validates its inputs; a bad file on one host stops every rank with its message.
     with run.agreeing():
         trackers = parse_report_to(cfg.report_to)
+        weights = 0 if cfg.model == "tiny" else outputs.model_weights_bytes(resolve_model_dir(cfg.model))
+        outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights, cfg.keep_checkpoints))
         tokenizer = load_tokenizer(cfg.model)
+        check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         train_data = load_data(cfg.data, split="train", **columns)
         eval_spec = cfg.eval_data if cfg.eval_data != "auto" else auto_eval_data(cfg.data)
@@ -54,7 +58,6 @@ def train(cfg: TrainConfig, run: Run) -> None:
         if eval_spec != "none":
             eval_data = load_data(eval_spec, split="eval", label_names=train_data.label_names, **columns)
         model, model_desc = load_model(cfg.model, train_data.label_names, cfg.seed)
-        resume_from = ckpt.find_resume(cfg.output_dir, cfg.resume)
     label_names = train_data.label_names
 
     torch.manual_seed(cfg.seed + run.rank)  # dropout differs per rank; the data order does not (sampler seed)
@@ -73,25 +76,22 @@ def train(cfg: TrainConfig, run: Run) -> None:
     # MiniLM (measured). IPEX, when used, brings its own step and expects the plain optimizer.
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr, fused=not run.uses_ipex)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * total_steps), total_steps)
-    loop = ckpt.LoopState()
-    notes = []
-    if resume_from is not None:  # load before wrap(): IPEX replaces the optimizer
-        loop, warning = ckpt.load_checkpoint(resume_from, model, optimizer, scheduler, run.rank, run.world_size)
-        changes = ckpt.config_changes(resume_from, cfg.to_dict())
-        notes += ([warning] if warning else []) + ([f"resuming with changed settings: {'; '.join(changes)}"]
-                                                   if changes else [])
-    elif ckpt.list_checkpoints(cfg.output_dir):
-        notes.append(f"{cfg.output_dir} holds checkpoints of an earlier run; this fresh run's checkpoints replace "
-                     "them (use --resume auto to continue that run instead)")
+    run.decide_precision(model)  # before resume: the checkpoint records what was resolved, a resume compares
+    ckpt_config = {**cfg.to_dict(), "label_names": label_names, "resolved": run.resolved()}
+    loop = ckpt.resume(cfg.output_dir, cfg.resume, model=model, optimizer=optimizer, scheduler=scheduler,
+                       config=ckpt_config) or ckpt.LoopState()  # before wrap(): IPEX replaces the optimizer
+    notes = list(loop.notes)
+    if run.is_main and (moved := outputs.set_aside_earlier_run(cfg.output_dir, resuming=loop.path is not None)):
+        notes.append(moved)
     ddp, optimizer = run.wrap(model, optimizer, scheduler)
 
     report = Reporter(run, cfg.output_dir, cfg.to_dict(), total_steps, cfg.progress,
-                      resume_step=loop.step if resume_from else None, trackers=trackers)
+                      resume_step=loop.step if loop.path else None, trackers=trackers)
     for line in run.banner() + [f"model {model_desc}"]:
         report.say(line)
     report.say(f"data {len(train_data)} train / {len(eval_data) if eval_data else 0} eval examples, labels "
                f"{label_names}; global batch {cfg.batch_size * run.world_size * cfg.grad_accum}; {total_steps} steps"
-               + (f"; resuming from {resume_from} (step {loop.step})" if resume_from else ""))
+               + (f"; resuming from {loop.path} (step {loop.step})" if loop.path else ""))
     for note in notes + ([run.precision.warning] if run.precision.warning else []):
         report.say(f"[yellow]warning:[/] {note}")
 
@@ -113,8 +113,8 @@ def train(cfg: TrainConfig, run: Run) -> None:
         epoch, batches = loop.epoch, loop.batches_in_epoch
         if schedule.epoch_done(batches):
             epoch, batches = epoch + 1, 0
-        ckpt.save_checkpoint(cfg.output_dir, corecpu.unwrap(ddp), optimizer, scheduler, ckpt.LoopState(loop.step, epoch, batches),
-                             cfg.to_dict(), cfg.keep_checkpoints)
+        ckpt.save(cfg.output_dir, step=loop.step, model=ddp, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
+                  batches_in_epoch=batches, config=ckpt_config, keep=cfg.keep_checkpoints)
 
     # -------------------------------------------------------------- training
     stats = StepStats()

@@ -5,6 +5,7 @@ Model code never imports torch.distributed: wrapping is the loop's business.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,69 @@ def resolve_model_dir(spec: str) -> Path:
         raise CoreCPUError(f"model path '{spec}' is not a directory; pass --model with a local Hugging Face model directory, 'default' or 'tiny'")
     if not (path / "config.json").is_file():
         raise CoreCPUError(f"model path '{spec}' has no config.json, so it is not a Hugging Face model directory; pass --model with one (e.g. from save_pretrained), 'default' or 'tiny'")
+    read_model_config(path)
     return path
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    """config.json as a dict; a broken one is reported as broken, not as whatever fails to load next."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except ValueError as exc:
+        raise CoreCPUError(f"{path / 'config.json'} is not valid JSON ({exc}); restore it (e.g. save_pretrained again) "
+                           "or pass --model with another model directory") from None
+    except OSError as exc:
+        raise CoreCPUError(f"cannot read {path / 'config.json'} ({exc.strerror}); check its permissions") from None
+    if not isinstance(config, dict):
+        raise CoreCPUError(f"{path / 'config.json'} is not a JSON object; restore it or pass --model with another model directory")
+    return config
+
+
+# A real vocabulary covers most of the embedding (some models pad vocab_size to a multiple of 64 or
+# 128); far fewer tokens means the tokenizer files are missing and transformers built a stand-in
+# that maps every word to [UNK] (5 tokens for BERT), or they belong to another model.
+MIN_VOCAB_COVERAGE = 0.5
+# Models whose position ids start after the padding index (RoBERTa family): usable = max - (pad + 1).
+_POSITION_OFFSET_MODELS = ("roberta", "xlm-roberta", "camembert", "longformer", "mpnet", "data2vec-text")
+
+
+def model_limits(spec: str, tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
+    """(vocab_size, longest usable input) of the model `spec` names, read from config.json before loading weights."""
+    if spec == "tiny":
+        config = tiny_config(tokenizer.vocab_size, 2).to_dict()
+    else:
+        config = read_model_config(resolve_model_dir(spec))
+    vocab = int(config.get("vocab_size") or 0)
+    positions = int(config.get("max_position_embeddings") or 0)
+    if positions and config.get("model_type") in _POSITION_OFFSET_MODELS:
+        positions -= int(config.get("pad_token_id") or 0) + 1
+    return vocab, positions
+
+
+def input_problems(where: str, *, vocab_size: int, max_positions: int, tokenizer_len: int,
+                   max_seq_len: int) -> str | None:
+    """One line if this tokenizer or input length cannot work with the model; None if they can."""
+    if vocab_size and tokenizer_len > vocab_size:
+        return (f"the tokenizer in {where} has {tokenizer_len} tokens but the model's embedding has {vocab_size}: "
+                "they come from different models; put the model's own tokenizer files in its directory")
+    if vocab_size and tokenizer_len < vocab_size * MIN_VOCAB_COVERAGE:
+        return (f"the tokenizer in {where} has only {tokenizer_len} tokens for a model with {vocab_size}: its tokenizer "
+                "files (tokenizer.json, vocab.txt, ...) are missing or from another model; copy the model's own "
+                "tokenizer files into the directory")
+    if max_positions and max_seq_len > max_positions:
+        return (f"max sequence length {max_seq_len} is longer than the model in {where} accepts ({max_positions} "
+                f"positions); use --max-seq-len {max_positions} or less")
+    return None
+
+
+def check_inputs(spec: str, tokenizer: PreTrainedTokenizerBase, max_seq_len: int) -> None:
+    """Raise CoreCPUError before any work when the tokenizer or --max-seq-len does not fit the model."""
+    vocab, positions = model_limits(spec, tokenizer)
+    where = "the tiny model" if spec == "tiny" else str(resolve_model_dir(spec))
+    problem = input_problems(where, vocab_size=vocab, max_positions=positions, tokenizer_len=len(tokenizer),
+                             max_seq_len=max_seq_len)
+    if problem:
+        raise CoreCPUError(problem)
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:

@@ -134,7 +134,7 @@ class Run:
         """Settle precision, then ipex.optimize (where usable), torch.compile (if asked), DDP with the
         chosen gradient all-reduce (more than one rank). Load checkpoints *before* wrapping: IPEX
         replaces the optimizer, and a scheduler passed here is pointed at the new one."""
-        precision = self._settle_precision(model)
+        precision = self.decide_precision(model)
         if self.uses_ipex:
             if optimizer is None:
                 raise CoreCPUError("ipex.optimize for training needs the optimizer; pass it to wrap(), or ipex='off'")
@@ -155,8 +155,9 @@ class Run:
                 self._late.closers.append(hook.close)
         return model, optimizer
 
-    def _settle_precision(self, model: torch.nn.Module) -> PrecisionChoice:
-        """auto: AMX means bf16; elsewhere the model's own shapes are timed in both precisions (once per CPU
+    def decide_precision(self, model: torch.nn.Module) -> PrecisionChoice:
+        """Settle the precision for `model` now (wrap() does it otherwise), e.g. to record it in a checkpoint's
+        configuration before resuming. A collective for more than one rank. auto: AMX means bf16; elsewhere the model's own shapes are timed in both precisions (once per CPU
         model, then cached). Every rank measures on its own cores; bf16 only if every rank found it faster."""
         if self._late.precision is None:
             batch, seq = self._late.shape_hint or (16, None)
@@ -291,6 +292,8 @@ def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist
     if warning:
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
     decision = _threads.configure_threads(info, threads, cpus)
+    if info.rank == 0 and (warning := _threads.threads_warning(threads, decision.bind_to or cpus)):
+        print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
     ctx = _dist.init_distributed(backend, dist_timeout, env, info=info)
     try:
         path, path_reason = choose_allreduce(allreduce, info, env)

@@ -207,3 +207,18 @@ def binding_report() -> dict:
         "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
         "plan_note": os.environ.get(PLAN_NOTE_VAR),
     }
+
+
+def threads_warning(requested: int, rank_cpus: frozenset[int] | set[int]) -> str | None:
+    """A warning when more compute threads are asked for than this rank has CPUs; None otherwise.
+
+    Threads beyond the CPUs take turns on them and every OpenMP barrier waits for the slowest
+    turn: 25x slower was measured with threads= far above a rank's cores. A warning, not an
+    error, because oversubscribing on purpose (for a test) is legitimate.
+    """
+    from corecpu.topology import format_cpu_list
+
+    if requested <= len(rank_cpus) or not rank_cpus:
+        return None
+    return (f"{requested} threads requested but this rank has {len(rank_cpus)} CPU(s) ({format_cpu_list(sorted(rank_cpus))}): "
+            f"threads will share CPUs and run much slower; use threads={len(rank_cpus)} or fewer (0: one per CPU)")

@@ -60,3 +60,8 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def pytest_configure(config):
+    # Here, not in pyproject.toml (owned elsewhere): runs that kill, truncate and fill disks on purpose.
+    config.addinivalue_line("markers", "chaos: process-level failure injection (kills, corrupt files, full disks)")

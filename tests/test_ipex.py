@@ -1,9 +1,10 @@
 """train.py with Intel Extension for PyTorch: ipex.optimize, checkpoints, final/, DDP.
 
 IPEX stopped at 2.8 and needs torch 2.8 exactly, so these tests run from a separate
-environment that has both (the project's own .venv has a newer torch and skips them):
+environment that has both (the project's own .venv has a newer torch and skips them).
+tests/ipex_env.sh builds that environment once (cached under ~/.cache/corecpu) and runs them:
 
-    /tmp/ipexenv/bin/python -m pytest tests/test_ipex.py
+    tests/ipex_env.sh
 
 Each test runs train.py in a subprocess with the tiny model, like tests/test_e2e.py.
 """
@@ -142,3 +143,23 @@ def test_two_ranks_with_ipex_stay_in_sync(tmp_path):
     assert f"ipex: ipex.optimize applied ({precision})" in proc.stdout
     ranks = json.loads((out / "summary.json").read_text())["ranks"]
     assert len(ranks) == 2 and ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+
+
+@pytest.mark.multiprocess
+def test_launch_sh_two_ranks_with_ipex(tmp_path):
+    # What a user runs: launch.sh (Intel MPI's mpirun, corecpu.bind) from the IPEX environment.
+    # launch.sh installs into the active env unless its stamp matches; ipex_env.sh writes that stamp.
+    env_dir = Path(sys.executable).parent.parent
+    if not (env_dir / ".corecpu-installed").is_file():
+        pytest.skip("launch.sh would install the project into this env; run through tests/ipex_env.sh")
+    out = tmp_path / "run"
+    precision = "bf16" if read_cpu_features().has_native_bf16 else "fp32"
+    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, "--precision", precision, "--max-steps", "6",
+                           "--save-every", "3", "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "VIRTUAL_ENV": str(env_dir),
+                                            "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 rank(s) via" in proc.stdout and f"ipex: ipex.optimize applied ({precision})" in proc.stdout
+    ranks = json.loads((out / "summary.json").read_text())["ranks"]
+    assert len(ranks) == 2 and ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000006"]

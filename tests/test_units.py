@@ -1,4 +1,4 @@
-"""Tier 1: thread decisions, checkpoint bookkeeping, metric arithmetic and the config surface."""
+"""Tier 1: thread decisions, metric arithmetic and the config surface."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from corecpu import checkpoint as ckpt
 from corecpu.config import TrainConfig, build_parser, parse_config
 from corecpu.errors import CoreCPUError
 from corecpu.launchers import LaunchInfo
@@ -46,51 +45,6 @@ def test_unbound_torchrun_ranks_get_their_planned_share():
 def test_single_rank_uses_everything_it_may():
     d = decide_threads(0, {}, ALL, ALL, LaunchInfo("single", 0, 1, 0, 1), None)
     assert d.threads == 8
-
-
-class _Sched:
-    def __init__(self):
-        self.n = 0
-
-    def state_dict(self):
-        return {"n": self.n}
-
-    def load_state_dict(self, s):
-        self.n = s["n"]
-
-
-def _save(tmp_path, model, opt, step, keep=2):
-    return ckpt.save_checkpoint(tmp_path, model, opt, _Sched(), ckpt.LoopState(step, 1, 3), {"lr": 1}, keep)
-
-
-def test_checkpoints_keep_the_newest_and_restore_state(tmp_path):
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.ones(1, 3)).sum().backward()
-    opt.step()
-    for step in (5, 10, 15):
-        _save(tmp_path, model, opt, step)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000010", "step-00000015"]
-    torch.manual_seed(123)
-    expected_draw = torch.rand(3)
-    torch.manual_seed(123)
-    _save(tmp_path, model, opt, 20)
-    fresh = torch.nn.Linear(3, 2)
-    fresh_opt = torch.optim.AdamW(fresh.parameters())
-    torch.manual_seed(999)
-    loop, warning = ckpt.load_checkpoint(ckpt.find_resume(tmp_path, "auto"), fresh, fresh_opt, _Sched(), 0, 1)
-    assert warning is None and (loop.step, loop.epoch, loop.batches_in_epoch) == (20, 1, 3)
-    assert torch.equal(fresh.weight, model.weight)
-    assert fresh_opt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
-    assert torch.equal(torch.rand(3), expected_draw)  # RNG restored to the moment of saving
-
-
-def test_incomplete_checkpoints_are_ignored(tmp_path):
-    (tmp_path / "checkpoints" / ".step-00000050.tmp-1").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step-00000060").mkdir()  # no meta.json: torn
-    assert ckpt.find_resume(tmp_path, "auto") is None
-    with pytest.raises(CoreCPUError, match="not a complete corecpu checkpoint"):
-        ckpt.find_resume(tmp_path, str(tmp_path / "checkpoints" / "step-00000060"))
 
 
 def test_binary_and_macro_f1_from_counts():
@@ -152,25 +106,3 @@ def test_make_data_writes_the_builtin_task_and_refuses_to_overwrite(tmp_path):
     assert len(data) == 50 and data.label_names == ["negative", "positive"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr
-
-
-def test_a_fresh_run_over_an_older_longer_run_keeps_and_resumes_its_own(tmp_path):
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    for step in (180, 189):  # the earlier run
-        _save(tmp_path, model, opt, step)
-    for step in (10, 20):  # a fresh run into the same directory
-        _save(tmp_path, model, opt, step)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step-00000010", "step-00000020"]
-    assert ckpt.find_resume(tmp_path, "auto").name == "step-00000020"
-
-
-def test_resume_reports_changed_settings_and_refuses_another_model(tmp_path):
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    path = ckpt.save_checkpoint(tmp_path, model, opt, _Sched(), ckpt.LoopState(5), {"lr": 1e-4, "model": "tiny",
-                                                                                   "log_every": 1}, 2)
-    assert ckpt.config_changes(path, {"lr": 3e-4, "model": "tiny", "log_every": 50}) == ["lr: 0.0001 -> 0.0003"]
-    other = torch.nn.Linear(4, 2)
-    with pytest.raises(CoreCPUError, match="does not fit this model .*--model tiny"):
-        ckpt.load_checkpoint(path, other, torch.optim.AdamW(other.parameters()), _Sched(), 0, 1)
