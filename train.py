@@ -26,7 +26,8 @@ from transformers import get_linear_schedule_with_warmup
 
 from corecpu import checkpoint as ckpt
 from corecpu.config import TrainConfig, parse_config
-from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load_data, set_epoch, steps_per_epoch
+from corecpu.data import TokenizedDataset, default_eval_spec, load_data
+from corecpu.sampling import build_eval_loader, build_loader, set_epoch, steps_per_epoch
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu import ipex as ipex_support
@@ -57,9 +58,10 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         precision = choose_precision(cfg.precision, read_cpu_features())
         tokenizer = load_tokenizer(cfg.model)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
+        columns.update(fmt=None if cfg.data_format == "auto" else cfg.data_format, has_header=cfg.header)
         train_data = load_data(cfg.data, split="train", **columns)
         eval_data = None
-        eval_spec = cfg.eval_data if cfg.eval_data != "auto" else "none" if Path(cfg.data).suffix else cfg.data
+        eval_spec = default_eval_spec(cfg.data) if cfg.eval_data == "auto" else cfg.eval_data
         if eval_spec != "none":
             eval_data = load_data(eval_spec, split="eval", label_names=train_data.label_names, **columns)
         model, model_desc = load_model(cfg.model, train_data.label_names, cfg.seed)
@@ -73,10 +75,12 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     torch.manual_seed(cfg.seed + rank)  # dropout differs per rank; the data order does not (sampler seed)
     label_names = train_data.label_names
     train_set = TokenizedDataset(train_data, tokenizer, cfg.max_seq_len)
-    train_loader = build_loader(train_set, cfg.batch_size, rank, world, seed=cfg.seed)
+    train_loader = build_loader(train_set, cfg.batch_size, rank, world, seed=cfg.seed,
+                                group_by_length=cfg.group_by_length, pad_to_multiple_of=cfg.pad_to_multiple_of)
     eval_loader = None
     if eval_data is not None:
-        eval_loader = build_eval_loader(TokenizedDataset(eval_data, tokenizer, cfg.max_seq_len), cfg.batch_size, rank, world)
+        eval_loader = build_eval_loader(TokenizedDataset(eval_data, tokenizer, cfg.max_seq_len), cfg.batch_size, rank,
+                                        world, pad_to_multiple_of=cfg.pad_to_multiple_of)
     micro_per_epoch = steps_per_epoch(len(train_set), cfg.batch_size, world)
     optimizer_steps_per_epoch = math.ceil(micro_per_epoch / cfg.grad_accum)
     total_steps = optimizer_steps_per_epoch * cfg.epochs
@@ -132,7 +136,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         with torch.no_grad():
             for batch in eval_loader:
                 weights = batch.pop("valid")
-                batch.pop("num_tokens")
+                batch.pop("num_tokens"), batch.pop("num_padded")
                 with autocast():
                     logits = ddp(**{k: v for k, v in batch.items() if k != "labels"}).logits
                 c = eval_counts(logits, batch["labels"], weights, len(label_names))
@@ -152,7 +156,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     task = progress.add_task("train", total=total_steps, completed=loop.step, status="") if progress else None
     if progress:
         progress.start()
-    loss_sum, samples, tokens = torch.zeros((), dtype=torch.float64), 0, 0
+    loss_sum, samples, tokens, padded = torch.zeros((), dtype=torch.float64), 0, 0, 0
     throughput, run_start = Throughput(), time.perf_counter()
     last_loss, last_scores = None, None
     timed_from = timed_to = None  # the throughput summary skips the first logging interval (warm-up)
@@ -165,7 +169,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                 group_start = micro - micro % cfg.grad_accum
                 group_len = min(cfg.grad_accum, micro_per_epoch - group_start)
                 sync = micro + 1 == group_start + group_len
-                n_tokens = batch.pop("num_tokens")
+                n_tokens, n_padded = batch.pop("num_tokens"), batch.pop("num_padded")
                 batch.pop("valid")
                 n = batch["labels"].shape[0]
                 with (contextlib.nullcontext() if sync or world == 1 else ddp.no_sync()):
@@ -173,7 +177,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                         loss = ddp(**batch).loss
                     (loss / group_len).backward()
                 loss_sum += loss.detach().double() * n
-                samples, tokens = samples + n, tokens + n_tokens
+                samples, tokens, padded = samples + n, tokens + n_tokens, padded + n_padded
                 loop.batches_in_epoch = micro + 1
                 if not sync:
                     continue
@@ -188,7 +192,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
 
                 if loop.step % cfg.log_every == 0 or loop.step == total_steps:
                     # The only host sync in the loop: .item() and all-reduce on log steps only.
-                    g_loss, g_samples, g_tokens = all_reduce_sum([loss_sum.item(), samples, tokens])
+                    g_loss, g_samples, g_tokens, g_padded = all_reduce_sum([loss_sum.item(), samples, tokens, padded])
                     sps, tps = throughput.rates(g_samples, g_tokens)
                     if timed_from is None:
                         timed_from = time.perf_counter()
@@ -196,10 +200,10 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                         timed_samples, timed_to = timed_samples + g_samples, time.perf_counter()
                     last_loss = g_loss / g_samples
                     record = {"step": loop.step, "epoch": loop.epoch, "loss": last_loss, "lr": lr,
-                              "samples_per_s": sps, "tokens_per_s": tps,
+                              "samples_per_s": sps, "tokens_per_s": tps, "padding": g_padded / (g_padded + g_tokens),
                               "elapsed_s": round(time.perf_counter() - run_start, 4)}
                     loss_sum.zero_()
-                    samples = tokens = 0
+                    samples = tokens = padded = 0
                     if metrics:
                         metrics.write(record)
                         line = format_step(record, total_steps)

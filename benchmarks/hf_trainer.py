@@ -29,7 +29,7 @@ import torch.distributed as dist
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
 from common import parse_baseline_args  # benchmarks/ is on sys.path when run as a script
-from corecpu.data import builtin_dataset
+from corecpu.tasks import builtin_dataset
 from corecpu.modeling import load_model, load_tokenizer
 
 

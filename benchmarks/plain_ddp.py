@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
 from common import parse_baseline_args  # benchmarks/ is on sys.path when run as a script
-from corecpu.data import builtin_dataset
+from corecpu.tasks import builtin_dataset
 from corecpu.modeling import load_model, load_tokenizer
 
 

@@ -102,7 +102,8 @@ def commands(args: argparse.Namespace, precision: str, run_dir: Path) -> dict[st
 def corecpu_records(out_dir: Path, batch_size: int, world: int) -> list[dict[str, Any]]:
     """metrics.jsonl -> the common record format; samples per step follow corecpu's sampler
     (each rank gets ceil(n / world) examples per epoch, the last batch may be short)."""
-    from corecpu.data import builtin_dataset, steps_per_epoch
+    from corecpu.sampling import steps_per_epoch
+    from corecpu.tasks import builtin_dataset
 
     n = len(builtin_dataset("train"))
     per_rank, per_epoch = math.ceil(n / world), steps_per_epoch(n, batch_size, world)

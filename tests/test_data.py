@@ -8,20 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from corecpu.data import (
-    META_KEYS,
-    ClassificationData,
-    TokenizedDataset,
-    build_eval_loader,
-    build_loader,
-    builtin_dataset,
-    load_data,
-    load_file,
-    make_collate,
-    set_epoch,
-    steps_per_epoch,
-    write_builtin,
-)
+from corecpu.data import META_KEYS, ClassificationData, TokenizedDataset, load_data, load_file, make_collate
+from corecpu.sampling import build_eval_loader, build_loader, set_epoch, steps_per_epoch
+from corecpu.tasks import builtin_dataset, write_builtin
 from corecpu.errors import CoreCPUError
 
 MRPC = (
