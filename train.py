@@ -52,6 +52,7 @@ def train(cfg: TrainConfig, run: Run) -> None:
         tokenizer = load_tokenizer(cfg.model)
         check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
         columns = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
+        columns.update(fmt=None if cfg.data_format == "auto" else cfg.data_format, has_header=cfg.header)
         train_data = load_data(cfg.data, split="train", **columns)
         eval_spec = cfg.eval_data if cfg.eval_data != "auto" else auto_eval_data(cfg.data)
         eval_data = None
@@ -63,11 +64,14 @@ def train(cfg: TrainConfig, run: Run) -> None:
     torch.manual_seed(cfg.seed + run.rank)  # dropout differs per rank; the data order does not (sampler seed)
     cache = Path(cfg.output_dir) / "cache"  # local rank 0 of each host tokenizes; the others load its file
     train_set = tokenize_cached(train_data, tokenizer, cfg.max_seq_len, cache, run.local_rank)
-    train_loader = run.loader(train_set, cfg.batch_size, seed=cfg.seed, collate_fn=make_collate(tokenizer))
+    collate = make_collate(tokenizer, cfg.pad_to_multiple_of, cfg.max_seq_len)
+    train_loader = run.loader(train_set, cfg.batch_size, seed=cfg.seed, collate_fn=collate,
+                              lengths=train_set.lengths if cfg.group_by_length else None)
     eval_loader = None
     if eval_data is not None:
         eval_set = tokenize_cached(eval_data, tokenizer, cfg.max_seq_len, cache, run.local_rank)
-        eval_loader = build_eval_loader(eval_set, cfg.batch_size, run.rank, run.world_size)
+        eval_loader = build_eval_loader(eval_set, cfg.batch_size, run.rank, run.world_size,
+                                        pad_to_multiple_of=cfg.pad_to_multiple_of)
     schedule = Schedule.for_data(len(train_set), cfg.batch_size, run.world_size, cfg.grad_accum, cfg.epochs,
                                  cfg.max_steps)
     total_steps = schedule.total_steps
@@ -100,8 +104,7 @@ def train(cfg: TrainConfig, run: Run) -> None:
         counts = torch.zeros(3 + 3 * len(label_names), dtype=torch.float64)
         with torch.no_grad():
             for batch in eval_loader:
-                weights = batch.pop("valid")
-                batch.pop("num_tokens")
+                weights = {k: batch.pop(k) for k in META_KEYS}["valid"]
                 with run.autocast():
                     logits = ddp(**{k: v for k, v in batch.items() if k != "labels"}).logits
                 counts += eval_counts(logits, batch["labels"], weights, len(label_names))
@@ -130,7 +133,7 @@ def train(cfg: TrainConfig, run: Run) -> None:
                     with run.autocast():
                         loss = ddp(**batch).loss
                     (loss / schedule.group_len(micro)).backward()
-                stats.add(loss, len(batch["labels"]), meta["num_tokens"])
+                stats.add(loss, len(batch["labels"]), meta["num_tokens"], meta["num_padded"])
                 loop.batches_in_epoch = micro + 1
                 if not sync:
                     continue

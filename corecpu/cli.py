@@ -118,13 +118,18 @@ def _tracked() -> tuple[str, ...]:
 def _add_make_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "make-data",
-        help="write the built-in task as a TSV file",
-        description="Write the built-in sentiment task (what --data builtin trains on) as TSV with a "
-        "`sentence<TAB>label` header, to see the expected format or to edit it.",
+        help="write a built-in task as a TSV file",
+        description="Write a built-in task (what --data builtin or --data paraphrase trains on) as TSV with a "
+        "`sentence<TAB>label` (or `sentence1<TAB>sentence2<TAB>label`) header, to see the expected format or "
+        "to edit it.",
     )
     p.add_argument("path", help="file to write (refuses to overwrite)")
+    p.add_argument("--task", choices=("builtin", "paraphrase"), default="builtin",
+                   help="builtin: review sentiment; paraphrase: sentence pairs of real-data length (default: builtin)")
     p.add_argument("--split", choices=("train", "eval"), default="train", help="which split (default: train)")
-    p.add_argument("--n", type=int, default=None, help="number of examples (default: 2000 train, 400 eval)")
+    p.add_argument("--n", type=int, default=None,
+                   help="number of examples (default: builtin 2000 train / 400 eval, paraphrase 3000 / 600)")
+    p.add_argument("--seed", type=int, default=0, help="generator seed, as train.py --seed (default: 0)")
     p.set_defaults(func=cmd_make_data)
 
 
@@ -132,7 +137,7 @@ def cmd_make_data(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from corecpu.data import write_builtin
+    from corecpu.tasks import write_task
     from corecpu.errors import CoreCPUError
 
     path = Path(args.path)
@@ -142,11 +147,11 @@ def cmd_make_data(args: argparse.Namespace) -> int:
         raise CoreCPUError(f"--n must be at least 1, got {args.n}")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        rows = write_builtin(tmp, split=args.split, n=args.n)
+        rows = write_task(tmp, args.task, split=args.split, n=args.n, seed=args.seed)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    print(f"wrote {rows} {args.split} examples to {path}")
+    print(f"wrote {rows} {args.task} {args.split} examples to {path}")
     return 0
 
 

@@ -25,7 +25,8 @@ class TrainConfig:
     # -- what to train on
     model: str = _opt("default", "local Hugging Face model directory, 'default' (all-MiniLM-L6-v2, shipped "
                       "offline) or 'tiny' (small random BERT for tests)", metavar="PATH")
-    data: str = _opt("builtin", "training data: a .tsv/.csv/.jsonl file, or 'builtin' (generated sentiment task)",
+    data: str = _opt("builtin", "training data: a .tsv/.csv/.jsonl file, or a built-in task: 'builtin' (generated "
+                     "sentiment, ~15 tokens) or 'paraphrase' (sentence pairs, ~50 tokens, for benchmarks)",
                      metavar="PATH")
     eval_data: str = _opt("auto", "evaluation data: a file, 'none' to skip evaluation, or 'auto' (the held-out split "
                           "of a built-in --data; none for a file)", metavar="PATH")

@@ -34,8 +34,10 @@ def is_hf_source(spec: str | Path) -> bool:
 
 
 def auto_eval_data(spec: str) -> str:
-    """--eval-data auto: builtin's held-out split, a saved DatasetDict's eval split, else none."""
-    if spec == "builtin":
+    """--eval-data auto: a built-in task's held-out split, a saved DatasetDict's eval split, else none."""
+    from corecpu.data import is_task
+
+    if is_task(spec):
         return spec
     path = Path(spec)
     if path.is_dir() and (path / "dataset_dict.json").is_file():

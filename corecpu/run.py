@@ -196,12 +196,13 @@ class Run:
                lengths: Sequence[int] | None = None) -> DataLoader:
         """A DDP loader for a map-style dataset: every rank gets its shard and the same number of batches
         (the sampler pads with duplicates, as DistributedSampler does). Pass `lengths` to batch examples
-        of similar length together. Resume mid-epoch with `corecpu.data.set_epoch(loader, epoch, skip_batches=k)`."""
-        from corecpu.data import ResumableDistributedSampler
+        of similar length together (the ranks of one step get similar lengths too). Call
+        `loader.sampler.set_epoch(epoch)` before each epoch; `set_epoch(epoch, skip_batches=k)` resumes mid-epoch."""
+        from corecpu.sampling import train_sampler
 
         if batch_size < 1:
             raise CoreCPUError(f"batch_size must be at least 1, got {batch_size}")
-        sampler = ResumableDistributedSampler(dataset, self.world_size, self.rank, shuffle, seed, batch_size)
+        sampler = train_sampler(dataset, batch_size, self.rank, self.world_size, seed, shuffle, lengths)
         self._late.shape_hint = (batch_size, typical_batch_length(lengths, batch_size) if lengths else None)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
 

@@ -56,7 +56,7 @@ def cache_path(cache_dir: Path, data: ClassificationData, tokenizer: Any, max_se
 class CachedTokenizedDataset(TokenizedDataset):
     """A TokenizedDataset rebuilt from a cache file instead of by tokenizing."""
 
-    def __init__(self, state: dict[str, Any], tokenizer: Any) -> None:  # noqa: D107 - no super(): nothing to tokenize
+    def __init__(self, state: dict[str, Any], tokenizer: Any, max_seq_len: int) -> None:  # noqa: D107 - no super()
         lengths = state["lengths"].tolist()
         self.input_ids = [t.tolist() for t in state["input_ids"].split(lengths)]
         types = state["token_type_ids"]
@@ -64,6 +64,7 @@ class CachedTokenizedDataset(TokenizedDataset):
         self.labels = list(state["labels"])
         self.label_names = list(state["label_names"])
         self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len  # part of the cache key: the same as when it was written
         self.num_at_max_len = int(state["num_at_max_len"])
 
 
@@ -84,10 +85,10 @@ def _write(path: Path, ds: TokenizedDataset) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _read(path: Path, tokenizer: Any) -> TokenizedDataset | None:
+def _read(path: Path, tokenizer: Any, max_seq_len: int) -> TokenizedDataset | None:
     try:
         state = torch.load(path, weights_only=True)
-        return CachedTokenizedDataset(state, tokenizer) if state.get("version") == FORMAT_VERSION else None
+        return CachedTokenizedDataset(state, tokenizer, max_seq_len) if state.get("version") == FORMAT_VERSION else None
     except Exception:  # noqa: BLE001 - a torn pickle fails in many ways; any of them means tokenize instead
         return None
 
@@ -104,7 +105,7 @@ def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, 
     path = cache_path(Path(cache_dir), data, tokenizer, max_seq_len)
     ds = None
     if local_rank == 0:
-        ds = _read(path, tokenizer) if path.exists() else None
+        ds = _read(path, tokenizer, max_seq_len) if path.exists() else None
         if ds is None:
             try:
                 ds = TokenizedDataset(data, tokenizer, max_seq_len)
@@ -118,5 +119,5 @@ def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, 
                       file=sys.stderr, flush=True)
     wait()
     if ds is None:
-        ds = _read(path, tokenizer)
+        ds = _read(path, tokenizer, max_seq_len)
     return ds if ds is not None else TokenizedDataset(data, tokenizer, max_seq_len)

@@ -8,20 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from corecpu.data import (
-    META_KEYS,
-    ClassificationData,
-    TokenizedDataset,
-    build_eval_loader,
-    build_loader,
-    builtin_dataset,
-    load_data,
-    load_file,
-    make_collate,
-    set_epoch,
-    steps_per_epoch,
-    write_builtin,
-)
+from corecpu.data import META_KEYS, ClassificationData, TokenizedDataset, load_data, load_file, make_collate
+from corecpu.sampling import build_eval_loader, build_loader, set_epoch, steps_per_epoch
+from corecpu.tasks import builtin_dataset, write_builtin
 from corecpu.errors import CoreCPUError
 
 MRPC = (
@@ -272,3 +261,39 @@ def test_loader_argument_errors(tokenizer):
     ds = tiny(tokenizer, 4)
     assert "--batch-size" in error(build_loader, ds, 0, 0, 1)
     assert "rank 2" in error(build_eval_loader, ds, 2, 2, 2)
+
+
+# ---------------------------------------------------------------- labels by value, encodings, format flags
+
+def test_numeric_labels_are_classes_by_value(tmp_path):
+    data = load_file(write(tmp_path, "n.tsv", "sentence\tlabel\na\t1\nb\t1.0\nc\t01\nd\t0\ne\t0.0\nf\t10\n"))
+    assert data.label_names == ["0", "1", "10"] and data.labels == [1, 1, 1, 0, 0, 2]
+    ev = load_file(write(tmp_path, "e.tsv", "sentence\tlabel\nx\t1.00\ny\t-0\n"), label_names=data.label_names)
+    assert ev.labels == [1, 0]
+    rows = [{"text": "a", "label": 1}, {"text": "b", "label": 1.0}, {"text": "c", "label": "0"}]
+    js = load_file(write(tmp_path, "n.jsonl", "\n".join(json.dumps(r) for r in rows)))
+    assert js.label_names == ["0", "1"] and js.labels == [1, 1, 0]
+    # Mixed numbers and names stay strings, but one number spelled two ways is an error naming both.
+    mixed = load_file(write(tmp_path, "m.tsv", "sentence\tlabel\na\tpos\nb\t1\nc\t1\n"))
+    assert mixed.label_names == ["1", "pos"]
+    msg = error(load_file, write(tmp_path, "bad.tsv", "sentence\tlabel\na\tpos\nb\t1\nc\t1.0\n"))
+    assert "'1'" in msg and "'1.0'" in msg and "lines 3 and 4" in msg
+
+
+def test_non_utf8_byte_names_line_and_offset(tmp_path):
+    path = tmp_path / "latin.tsv"
+    path.write_bytes("sentence\tlabel\nfine\t1\ncaf\u00e9 ok\t0\n".encode("utf-8") + b"na\xefve\t1\n")
+    msg = error(load_file, path)
+    assert "line 4" in msg and "byte 3 of the line" in msg and "0xef" in msg and "UTF-8" in msg
+    bom = tmp_path / "bom.tsv"
+    bom.write_bytes(b"\xef\xbb\xbfsentence\tlabel\na\t1\nb\t0\n")
+    assert load_file(bom).texts == ["a", "b"]
+
+
+def test_format_and_header_options_through_load_data(tmp_path):
+    path = write(tmp_path, "raw.data", "x one\t1\nx two\t0\n")
+    data = load_data(path, fmt="tsv", has_header=False, text_column=0, label_column=1)
+    assert data.texts == ["x one", "x two"] and data.labels == [1, 0]
+    assert "--data-format" in error(load_data, path)
+    assert "--no-header does not apply" in error(load_data, "builtin", has_header=False)
+    assert "--data-format does not apply" in error(load_data, "builtin", fmt="csv")

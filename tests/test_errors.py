@@ -92,3 +92,12 @@ def test_launch_dry_run_runs_nothing(tmp_path):
     assert "mpirun -n 3" in proc.stdout or "torchrun" in proc.stdout
     assert "export MASTER_PORT=" in proc.stdout and "OMP_NUM_THREADS" in proc.stdout
     assert not out.exists()
+
+
+def test_data_format_and_no_header_reach_the_loader(tmp_path):
+    data = write(tmp_path, "raw.data", "x one\t1\nx two\t0\n")
+    _, line = run_train(tmp_path, "--data", data)
+    assert "--data-format" in line and "raw.data" in line
+    # With both flags the file parses; only the missing column choice is left to report.
+    _, line = run_train(tmp_path, "--data", data, "--data-format", "tsv", "--no-header")
+    assert "has no header" in line and "--text-column" in line
