@@ -151,4 +151,40 @@ if (( dry_run )); then
   fi
   exit 0
 fi
-exec "${cmd[@]}"
+
+# ---------------------------------------------------------------- run, forwarding signals
+# Not exec: launch.sh stays the process a scheduler or a person signals. It forwards SIGTERM
+# (scancel, pod eviction), SIGINT (Ctrl-C) and SIGUSR1 (sbatch --signal=USR1@60) once to the
+# launcher, which passes them to every rank; the ranks stop at the next step, save and exit 75.
+# SIGHUP (the terminal went away) is forwarded as SIGTERM. The exit code is the launcher's.
+# The launcher runs in its own process group (set -m) so a terminal's Ctrl-C reaches it only
+# through us: mpiexec.hydra aborts without saving on a second Ctrl-C.
+# Ranks export our PID and exit if we are killed outright (corecpu/lifeline.py).
+export CORECPU_LAUNCHER_PID=$$
+set -m
+"${cmd[@]}" </dev/null &
+child=$!
+set +m
+forwarded=0
+forward() {
+  local sig="$1" target="$child"
+  forwarded=1
+  if [[ "$launcher" == mpirun ]]; then
+    # mpirun is a shell script around mpiexec.hydra, which is the one that forwards to the ranks.
+    target="$(pgrep -P "$child" -x mpiexec.hydra 2>/dev/null | head -n1)"
+    [[ -n "$target" ]] || target="$child"
+  elif [[ "$sig" == USR1 ]]; then
+    sig=TERM  # torchrun's agent does not forward SIGUSR1; it forwards SIGTERM to every worker
+  fi
+  kill -s "$sig" "$target" 2>/dev/null || true
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+trap 'forward USR1' USR1
+trap 'forward TERM' HUP
+while :; do
+  forwarded=0 rc=0
+  wait "$child" || rc=$?
+  (( forwarded )) || break  # wait returns early when a trapped signal arrives; the child still runs
+done
+exit "$rc"

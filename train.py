@@ -30,6 +30,7 @@ from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu import ipex as ipex_support
+from corecpu import lifeline, preempt
 from corecpu.hardware import choose_precision, read_cpu_features
 from corecpu.launchers import detect_launcher
 from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
@@ -40,7 +41,10 @@ from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
 def main() -> None:
     cfg = parse_config(description=__doc__.split("\n")[0])
     # torch's OpenMP pool starts at the first op, after this; the rank's CPUs were read before torch loaded.
-    threads = configure_threads(detect_launcher(os.environ), cfg.threads, CPUS_AT_START)
+    info = detect_launcher(os.environ)
+    threads = configure_threads(info, cfg.threads, CPUS_AT_START)
+    lifeline.install(launched=info.distributed)  # no orphan rank outlives its launcher
+    preempt.install(announce=info.rank == 0)  # SIGTERM/SIGINT/SIGUSR1: stop at a step boundary and save
     with distributed(cfg.backend, cfg.dist_timeout) as ctx:
         train(cfg, ctx, threads)
 
@@ -141,11 +145,19 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         counts = torch.tensor(all_reduce_sum(counts.tolist()), dtype=torch.float64)
         return scores_from_counts(counts, len(label_names))
 
-    def save() -> None:
+    def save() -> Path | None:
         position = ckpt.LoopState(loop.step, loop.epoch, loop.batches_in_epoch)
         if position.batches_in_epoch >= micro_per_epoch:
             position = ckpt.LoopState(loop.step, loop.epoch + 1, 0)
-        ckpt.save_checkpoint(out, unwrapped, optimizer, scheduler, position, cfg.to_dict(), cfg.keep_checkpoints)
+        return ckpt.save_checkpoint(out, unwrapped, optimizer, scheduler, position, cfg.to_dict(), cfg.keep_checkpoints)
+
+    def stop_if_signalled() -> None:
+        # Collective: every rank calls it at the same step boundaries and all stop together.
+        signum = preempt.stop_requested_everywhere()
+        if signum:
+            saved = save()
+            say(preempt.stop_line(signum, loop.step, saved.name if saved else f"step-{loop.step}"))
+            raise SystemExit(preempt.EXIT_STOPPED)
 
     # -------------------------------------------------------------- training
     progress = make_progress(cfg.progress, console) if ctx.is_main else None
@@ -210,6 +222,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                     save()
                 if loop.step >= total_steps:
                     break
+                if micro + 1 < micro_per_epoch:  # at an epoch's end, after its evaluation (below)
+                    stop_if_signalled()
 
             epoch_done = loop.batches_in_epoch >= micro_per_epoch
             if eval_loader is not None and (epoch_done or loop.step >= total_steps):
@@ -221,6 +235,8 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                         f"{scores['eval_accuracy']:.4f} | F1 {scores['eval_f1']:.4f} | {scores['eval_examples']} examples")
             if epoch_done and cfg.save_every and loop.step % cfg.save_every == 0:
                 save()
+            if epoch_done and loop.step < total_steps:
+                stop_if_signalled()
             if epoch_done:
                 loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
     finally:
