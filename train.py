@@ -30,7 +30,7 @@ from corecpu.data import TokenizedDataset, build_eval_loader, build_loader, load
 from corecpu.dist import DistContext, all_reduce_sum, barrier, distributed, gather_objects
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu import ipex as ipex_support
-from corecpu import lifeline, preempt
+from corecpu import lifeline, preempt, watchdog
 from corecpu.hardware import choose_precision, read_cpu_features
 from corecpu.launchers import detect_launcher
 from corecpu.metrics import (MetricsLog, Throughput, eval_counts, format_step, make_console, make_progress,
@@ -128,8 +128,11 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
     if precision.warning:
         say(f"[yellow]warning:[/] {precision.warning}")
 
+    # A rank that stops (SIGSTOP, a frozen host) is named and ends the job after --step-timeout.
+    wd = watchdog.watch(ctx.store, rank, world, cfg.step_timeout)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision.name == "bf16" else contextlib.nullcontext
 
+    @wd.paused()
     def evaluate() -> dict[str, float]:
         ddp.eval()
         counts = None
@@ -145,6 +148,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
         counts = torch.tensor(all_reduce_sum(counts.tolist()), dtype=torch.float64)
         return scores_from_counts(counts, len(label_names))
 
+    @wd.paused()
     def save() -> Path | None:
         position = ckpt.LoopState(loop.step, loop.epoch, loop.batches_in_epoch)
         if position.batches_in_epoch >= micro_per_epoch:
@@ -197,6 +201,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 loop.step += 1
+                wd.progress(loop.step)
 
                 if loop.step % cfg.log_every == 0 or loop.step == total_steps:
                     # The only host sync in the loop: .item() and all-reduce on log steps only.
@@ -240,6 +245,7 @@ def train(cfg: TrainConfig, ctx: DistContext, threads: int) -> None:
             if epoch_done:
                 loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
     finally:
+        wd.stop()
         if progress:
             progress.stop()
         if metrics:

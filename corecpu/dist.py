@@ -224,7 +224,7 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _within(seconds: float, fn: Callable[[], T]) -> tuple[bool, T | None, BaseException | None]:
+def call_within(seconds: float, fn: Callable[[], T]) -> tuple[bool, T | None, BaseException | None]:
     """Run `fn` in a daemon thread for at most `seconds`: (finished, result, exception).
 
     A TCPStore client talking to a listener that is not a TCPStore waits for an answer forever, whatever its
@@ -251,12 +251,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _connect(ctx: DistContext, ip: str, startup_timeout_s: float, all_local: bool, backend: str) -> dist.Store:
-    """Store and process group, within startup_timeout_s + STARTUP_GRACE_S whatever the peers do."""
+def _connect(ctx: DistContext, ip: str, startup_timeout_s: float, all_local: bool, backend: str,
+             agent_store: bool) -> dist.Store:
+    """Store and process group, within startup_timeout_s + STARTUP_GRACE_S whatever the peers do.
+
+    `agent_store`: torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; every rank is its client.
+    """
     where = f"{ctx.master_addr}:{ctx.master_port}"
     deadline = time.monotonic() + startup_timeout_s
     listen_fd: int | None = None
-    if ctx.is_main:
+    serve = ctx.is_main and not agent_store
+    if serve:
         try:
             listen_fd = _listen(store_bind_address(ip, all_local), ctx.master_port).detach()
         except OSError as exc:
@@ -268,14 +273,15 @@ def _connect(ctx: DistContext, ip: str, startup_timeout_s: float, all_local: boo
     else:
         problem = _probe(ip, ctx.master_port, deadline)
         if problem is not None:
-            raise CoreCPUError(f"rank {ctx.rank} could not reach rank 0 at {where} within {startup_timeout_s:g}s "
+            server = "torchrun's store" if agent_store else "rank 0"
+            raise CoreCPUError(f"rank {ctx.rank} could not reach {server} at {where} within {startup_timeout_s:g}s "
                                f"({problem}); check MASTER_ADDR/MASTER_PORT and that rank 0 is running, "
                                "or raise --dist-timeout")
     stage = {"store": False}
 
     def rendezvous() -> dist.Store:
         remaining = timedelta(seconds=max(1.0, deadline - time.monotonic()))
-        store = dist.TCPStore(ip, ctx.master_port, ctx.world_size, is_master=ctx.is_main, timeout=remaining,
+        store = dist.TCPStore(ip, ctx.master_port, ctx.world_size, is_master=serve, timeout=remaining,
                               wait_for_workers=True, master_listen_fd=listen_fd)
         stage["store"] = True
         dist.init_process_group(backend, store=store, rank=ctx.rank, world_size=ctx.world_size,
@@ -283,11 +289,11 @@ def _connect(ctx: DistContext, ip: str, startup_timeout_s: float, all_local: boo
         return store
 
     with _quiet_stderr():
-        finished, store, error = _within(deadline - time.monotonic() + STARTUP_GRACE_S, rendezvous)
+        finished, store, error = call_within(deadline - time.monotonic() + STARTUP_GRACE_S, rendezvous)
     if finished and error is None:
         return store  # type: ignore[return-value]
     cause = f" ({_first_line(error)})" if error is not None else ""
-    if not ctx.is_main and not stage["store"]:
+    if not serve and not stage["store"]:
         raise CoreCPUError(f"rank {ctx.rank} reached {where} but no corecpu rank 0 answered there within "
                            f"{startup_timeout_s:g}s{cause}: another program may be listening on MASTER_PORT; "
                            "export MASTER_PORT=<a free port>")
@@ -320,7 +326,8 @@ def init_distributed(
         import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
     if chosen == "gloo":
         _pin_gloo_interface(env, addr)
-    store = _connect(ctx, ip, startup_timeout_s, info.local_world_size == info.world_size, chosen)
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # as torch's own env:// rendezvous reads it
+    store = _connect(ctx, ip, startup_timeout_s, info.local_world_size == info.world_size, chosen, agent_store)
     return replace(ctx, store=store)
 
 

@@ -12,6 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def pytest_configure(config):
+    # Registered here because pyproject.toml is shared; ./test.sh runs this tier with the others.
+    config.addinivalue_line("markers", "chaos: real jobs that get signalled, stopped, or blocked (tests/chaos/)")
+
+
 @pytest.fixture(autouse=True)
 def _restore_environment():
     saved = dict(os.environ)
