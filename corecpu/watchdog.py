@@ -113,7 +113,9 @@ def diagnose(
     alive = [r for r in range(world_size) if r not in stopped]
     reporter = min(alive) if alive else me
     if stopped:
-        step = min((before[r].step for r in stopped if r in before), default=my_step)
+        # A heartbeat lags its rank by up to a second; in lockstep DDP a rank stopped while we wait has
+        # finished the step we last finished.
+        step = max(min((before[r].step for r in stopped if r in before), default=my_step), my_step)
         names = ", ".join(who(r) for r in stopped)
         verb = "stopped" if len(stopped) == 1 else "all stopped"
         return f"{names} {verb} responding at step {step}; {waited}", reporter

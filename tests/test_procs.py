@@ -152,7 +152,7 @@ def test_check_fires_only_after_the_first_step_and_the_timeout():
     clock[0] += 2.0
     assert wd.check_once(store, sleep=lambda s: store.tick())
     assert exits == [watchdog.EXIT_HUNG]
-    assert wd.fired == "rank 1 on host-b stopped responding at step 0; 21 s without progress"
+    assert wd.fired == "rank 1 on host-b stopped responding at step 1; 21 s without progress"
 
 
 def test_paused_phases_are_not_timed():
