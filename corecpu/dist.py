@@ -5,7 +5,16 @@ means a rank that never arrives (wrong MASTER_ADDR, a crashed host) hangs the
 job for half an hour before anyone hears of it. Rendezvous therefore goes
 through a TCPStore with a short, configurable timeout and an error that says
 what is missing; collectives keep a long one, because rank 0 writing a
-checkpoint legitimately keeps the others waiting at a barrier.
+checkpoint legitimately keeps the others waiting at a barrier (after the first
+step corecpu.watchdog lowers it).
+
+Start-up is bounded by the wall clock, not by TCPStore's own timeouts: the name
+is resolved first, the other ranks wait for rank 0's port in Python (one
+attempt, retried until the deadline), and the store and process group are made
+in a thread that is abandoned at the deadline (a TCPStore client talking to some
+other program's listener waits forever). c10d's C++ logging is silenced for the
+duration. Rank 0 opens the listening socket itself, so when every rank is on
+this host the store listens on MASTER_ADDR (loopback) only.
 """
 
 from __future__ import annotations
