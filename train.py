@@ -26,7 +26,7 @@ from corecpu.hf_data import auto_eval_data
 from corecpu.loop import Schedule, StepStats
 from corecpu.metrics import eval_counts, scores_from_counts
 from corecpu.modelcard import write_model_card
-from corecpu import outputs
+from corecpu import outputs, preempt
 from corecpu.modeling import check_inputs, load_model, load_tokenizer, optimizer_groups, resolve_model_dir
 from corecpu.reporting import Reporter
 from corecpu.run import Run
@@ -38,7 +38,7 @@ def main() -> None:
     cfg = parse_config(description=__doc__.split("\n")[0])
     with corecpu.setup(backend=cfg.backend, precision=cfg.precision, threads=cfg.threads,
                        dist_timeout=cfg.dist_timeout, allreduce=cfg.allreduce, ipex=cfg.ipex,
-                       compile=cfg.compile) as run:
+                       compile=cfg.compile, graceful_stop=True) as run:
         train(cfg, run)
 
 
@@ -99,6 +99,10 @@ def train(cfg: TrainConfig, run: Run) -> None:
     for note in notes + ([run.precision.warning] if run.precision.warning else []):
         report.say(f"[yellow]warning:[/] {note}")
 
+    # A rank that stops (SIGSTOP, a frozen host) is named and ends the job after --step-timeout.
+    wd = run.watchdog(cfg.step_timeout)
+
+    @wd.paused()
     def evaluate() -> dict[str, float]:
         ddp.eval()
         counts = torch.zeros(3 + 3 * len(label_names), dtype=torch.float64)
@@ -111,13 +115,21 @@ def train(cfg: TrainConfig, run: Run) -> None:
         ddp.train()
         return scores_from_counts(torch.tensor(run.all_reduce_sum(counts.tolist()), dtype=torch.float64), len(label_names))
 
-    def save() -> None:
+    @wd.paused()
+    def save() -> Path | None:
         # A checkpoint at an epoch's end points at the start of the next one.
         epoch, batches = loop.epoch, loop.batches_in_epoch
         if schedule.epoch_done(batches):
             epoch, batches = epoch + 1, 0
-        ckpt.save(cfg.output_dir, step=loop.step, model=ddp, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
+        return ckpt.save(cfg.output_dir, step=loop.step, model=ddp, optimizer=optimizer, scheduler=scheduler, epoch=epoch,
                   batches_in_epoch=batches, config=ckpt_config, keep=cfg.keep_checkpoints)
+
+    def stop_if_signalled() -> None:
+        # Collective: SIGTERM/SIGINT/SIGUSR1 on any rank stops every rank after the same step, saved.
+        if signum := run.should_stop():
+            saved = save()
+            report.say(preempt.stop_line(signum, loop.step, saved.name if saved else f"step-{loop.step}"))
+            raise SystemExit(preempt.EXIT_STOPPED)
 
     # -------------------------------------------------------------- training
     stats = StepStats()
@@ -145,6 +157,7 @@ def train(cfg: TrainConfig, run: Run) -> None:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 loop.step += 1
+                wd.progress(loop.step)
 
                 if loop.step % cfg.log_every == 0 or loop.step == total_steps:
                     report.log_step(loop.step, loop.epoch, lr, stats.reduce(run.all_reduce_sum))
@@ -153,15 +166,20 @@ def train(cfg: TrainConfig, run: Run) -> None:
                     save()
                 if loop.step >= total_steps:
                     break
+                if not schedule.epoch_done(micro + 1):  # at an epoch's end, after its evaluation (below)
+                    stop_if_signalled()
 
             epoch_done = schedule.epoch_done(loop.batches_in_epoch)
             if eval_loader is not None and (epoch_done or loop.step >= total_steps):
                 report.log_eval(loop.step, loop.epoch, evaluate())
             if epoch_done and cfg.save_every and loop.step % cfg.save_every == 0:
                 save()
+            if epoch_done and loop.step < total_steps:
+                stop_if_signalled()
             if epoch_done:
                 loop.epoch, loop.batches_in_epoch = loop.epoch + 1, 0
     finally:
+        wd.stop()
         report.close()
 
     # -------------------------------------------------------------- finish

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 from corecpu import envvars
 from corecpu.errors import CoreCPUError, run_cli
+from corecpu.lifeline import die_with_parent
 
 if TYPE_CHECKING:
     from corecpu.launchers import LaunchInfo
@@ -184,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             raise CoreCPUError(f"cannot pin to CPUs {env[BOUND_CPUS_VAR]}: {exc.strerror}; check --allowed-cpus") from None
         if shutil.which(cmd[0], path=env.get("PATH")) is None and os.sep not in cmd[0]:
             raise CoreCPUError(f"command not found: {cmd[0]}; check the command after --")
+        # The rank must not outlive the launcher process that started it (hydra_pmi_proxy, the
+        # torchrun agent); PDEATHSIG survives exec, so set it on the way out.
+        die_with_parent()
         try:
             os.execvpe(cmd[0], cmd, env)
         except OSError as exc:

@@ -16,8 +16,9 @@ THREADS_DECISION = "CORECPU_THREADS_DECISION"  # why this rank has the threads i
 # Set by the launcher; read by corecpu.bind (plans for it) and by the loop.
 BACKEND = "CORECPU_BACKEND"  # the process-group backend asked for (auto|gloo|ccl|mpi): ccl reserves a worker core
 TTY = "CORECPU_TTY"  # "1" when the launcher's stdout is a terminal: rank 0 may draw a progress bar
+LAUNCHER_PID = "CORECPU_LAUNCHER_PID"  # `corecpu launch`'s PID: ranks on its host exit if it is killed (lifeline)
 
 # Read by the precision calibration cache (corecpu.precision).
 CACHE_DIR = "CORECPU_CACHE_DIR"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, CACHE_DIR)
+ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR)

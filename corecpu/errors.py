@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Callable, NoReturn
 
@@ -23,4 +24,8 @@ def run_cli(main: Callable[[], int | None]) -> NoReturn:
         code = main()
     except CoreCPUError as exc:
         die(str(exc))
+    finally:
+        # The interpreter's last garbage collection walks every torch/transformers object: 6 s of a 2-rank
+        # tiny run's exit (0.7 s frozen), which a preempted job cannot spare. Nothing needs collecting now.
+        gc.freeze()
     raise SystemExit(code or 0)

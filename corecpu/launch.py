@@ -16,7 +16,9 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,6 +194,54 @@ def _script_option(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: str) -> int:
+    """Run the launcher as a child and stay the process a scheduler or a person signals.
+
+    SIGTERM (scancel, pod eviction), SIGINT (Ctrl-C) and SIGUSR1 (sbatch --signal=USR1@60) are
+    forwarded to the launcher, which passes them to every rank: the ranks stop at the next step,
+    save and exit 75. SIGHUP (the terminal went away) goes on as SIGTERM. The child runs in its
+    own process group, so a terminal's Ctrl-C reaches it only through here (mpiexec.hydra aborts
+    without saving on a second one). Ranks watch this PID and exit if it is killed outright.
+    Returns the launcher's exit code (128+N if a signal killed it).
+    """
+    env = {**env, envvars.LAUNCHER_PID: str(os.getpid())}
+    try:
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+    except OSError as exc:
+        raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
+
+    def forward(signum: int, _frame: object) -> None:
+        sig, target = (signal.SIGTERM if signum == signal.SIGHUP else signum), child.pid
+        if launcher == "mpirun":
+            # mpirun is a shell script around mpiexec.hydra, which is the one that forwards to the ranks.
+            target = next(iter(_children(child.pid, "mpiexec.hydra")), child.pid)
+        elif sig == signal.SIGUSR1:
+            sig = signal.SIGTERM  # torchrun's agent forwards SIGTERM to every worker, not SIGUSR1
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(signum, forward)
+    code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
+    return 128 - code if code < 0 else code
+
+
+def _children(pid: int, name: str) -> list[int]:
+    """PIDs of `pid`'s children called `name` (from /proc: no pgrep needed)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if comm == name and int(rest[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def main(argv: Sequence[str] | None = None, default_script: str | None = None) -> NoReturn:
     def run() -> int:
         args = list(sys.argv[1:] if argv is None else argv)
@@ -229,8 +279,7 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             except SystemExit:
                 pass
             return 0
-        os.execvpe(plan.command[0], plan.command, env)
-        return 1  # unreachable
+        return run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun")
 
     run_cli(run)
 

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from corecpu import dist as _dist  # noqa: E402
 from corecpu import ipex as _ipex  # noqa: E402
+from corecpu import lifeline, preempt, watchdog  # noqa: E402
 from corecpu.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce  # noqa: E402
 from corecpu.hardware import Extension, read_cpu_features  # noqa: E402
 from corecpu.precision import (CalibrationShapes, PrecisionChoice, agree_precision, decide_precision,  # noqa: E402
@@ -45,6 +46,7 @@ class _Late:
 
     precision: PrecisionChoice | None = None
     shape_hint: tuple[int, int | None] | None = None  # (batch, tokens per example) of the last loader: calibration
+    store: Any = None  # the rendezvous store: the watchdog's heartbeats go there
     closers: list[Callable[[], None]] = field(default_factory=list)
     closed: bool = False
 
@@ -223,6 +225,20 @@ class Run:
         if self.is_main:
             print(*args, **{"flush": True, **kwargs})
 
+    # ------------------------------------------------------------ stopping well
+    def should_stop(self) -> int:
+        """Collective, at an optimizer-step boundary: the stop signal (SIGTERM/SIGINT/SIGUSR1) any rank got,
+        or 0; the same answer on every rank, so all save and exit together. Needs setup(graceful_stop=True)."""
+        return preempt.stop_requested_everywhere()
+
+    def watchdog(self, step_timeout: float) -> "watchdog.Watchdog | watchdog.NullWatchdog":
+        """Heartbeats in the rendezvous store; after the first step, a rank that makes no progress for
+        `step_timeout` seconds (or 5x the slowest step) is named and the job ends (exit 124). Call
+        `.progress(step)` after each step; wrap evaluation and checkpoint writes in `.paused()`."""
+        wd = watchdog.watch(self._late.store, self.rank, self.world_size, step_timeout)
+        self._late.closers.append(wd.stop)
+        return wd
+
     @contextlib.contextmanager
     def agreeing(self) -> Iterator[None]:
         """Every rank runs the body; if it fails with a CoreCPUError on any rank, it fails on all of them,
@@ -271,13 +287,15 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist_timeout: float = 120.0,
-          allreduce: str = "auto", ipex: str = "auto", compile: bool = False,
+          allreduce: str = "auto", ipex: str = "auto", compile: bool = False, graceful_stop: bool = False,
           env: MutableMapping[str, str] | None = None) -> Run:
     """Detect the launcher, bind threads and CPUs, create the process group; decide once.
 
     backend: auto|gloo|ccl|mpi (process group); allreduce: auto|gloo|mpi (gradients);
     precision: auto|fp32|bf16; threads: 0 = this rank's cores; ipex: auto|off.
-    Use as `with corecpu.setup() as run:` or call `run.close()`.
+    graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, which the loop polls with
+    `run.should_stop()` at step boundaries to save and exit; leave it off if your loop does not.
+    Ranks always die with their launcher. Use as `with corecpu.setup() as run:` or call `run.close()`.
     """
     env = os.environ if env is None else env
     if precision not in PRECISIONS:
@@ -289,6 +307,9 @@ def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist
     if not dist_timeout > 0 or not math.isfinite(dist_timeout):
         raise CoreCPUError(f"dist_timeout must be a positive number of seconds, got {dist_timeout}")
     info = detect_launcher(env)
+    lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
+    if graceful_stop:
+        preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
     cpus, warning = _threads.launcher_cpus(env)
     if warning:
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
@@ -303,6 +324,9 @@ def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist
                   threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()), allreduce=path,
                   allreduce_reason=path_reason, ipex=ext, compile=compile, requested_precision=precision,
                   master=f"{ctx.master_addr}:{ctx.master_port}" if ctx.master_addr else "")
+        run._late.store = ctx.store
+        if graceful_stop:
+            run._late.closers.append(preempt.uninstall)
         if precision == "fp32":  # bf16 is settled in wrap(): a cached measurement may warn about it
             run._late.precision = decide_precision("fp32", read_cpu_features())
     except BaseException:

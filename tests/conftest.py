@@ -36,6 +36,11 @@ def _private_precision_cache(tmp_path_factory):
         os.environ["CORECPU_CACHE_DIR"] = saved
 
 
+def pytest_configure(config):
+    # Registered here because pyproject.toml is shared; ./test.sh runs this tier with the others.
+    config.addinivalue_line("markers", "chaos: real jobs that get signalled, stopped, or blocked (tests/chaos/)")
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_state():
     saved = dict(os.environ)

@@ -1,0 +1,127 @@
+"""Ranks die with their launcher: no orphan keeps a core busy after the job is gone.
+
+Two mechanisms, because the chain launch.sh -> mpirun (a shell script) ->
+mpiexec.hydra -> hydra_pmi_proxy -> rank has several links, and killing the top
+one with SIGKILL tells nobody below:
+
+- PR_SET_PDEATHSIG: the kernel sends SIGKILL to a rank when the process that
+  started it (hydra_pmi_proxy, the torchrun agent, slurmstepd) exits. Set by
+  `corecpu.bind` right before exec (it survives exec for non-setuid programs) and
+  in-process for ranks started without it.
+- The launcher watch: launch.sh exports CORECPU_LAUNCHER_PID=$$. A rank that has
+  that process among its ancestors (so: on the same host, same PID namespace)
+  watches it through a pidfd and exits when it goes. Remote ranks skip it; their
+  proxy dies when the ssh link to mpiexec.hydra drops, and PDEATHSIG does the rest.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Mapping
+
+from corecpu.envvars import LAUNCHER_PID as LAUNCHER_PID_VAR  # noqa: E402
+PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
+
+
+def _prctl(option: int, arg: int | ctypes.c_int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, arg, 0, 0, 0)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent exits. False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid()
+    if _prctl(PR_SET_PDEATHSIG, sig) != 0:
+        return False
+    # The parent may have died between our start and the prctl; then nobody will ever tell us.
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def parent_death_signal() -> int:
+    """The PDEATHSIG currently set (0: none)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    value = ctypes.c_int(0)
+    if _prctl(PR_GET_PDEATHSIG, ctypes.addressof(value)) != 0:  # type: ignore[arg-type]
+        return 0
+    return value.value
+
+
+def ancestors(pid: int, read_stat: Callable[[int], str] | None = None, limit: int = 64) -> list[int]:
+    """PIDs of `pid`'s parent, grandparent, ... up to init (from /proc/PID/stat; injectable for tests)."""
+    read = read_stat or (lambda p: Path(f"/proc/{p}/stat").read_text())
+    out: list[int] = []
+    while len(out) < limit:
+        try:
+            stat = read(pid)
+        except OSError:
+            break
+        # The command name may contain spaces and parentheses; fields after the last ')' are fixed.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid <= 0:
+            break
+        out.append(ppid)
+        pid = ppid
+    return out
+
+
+def launcher_to_watch(env: Mapping[str, str], my_ancestors: list[int]) -> int | None:
+    """Pure: the launcher PID to watch, if launch.sh exported one and it is our ancestor."""
+    text = env.get(LAUNCHER_PID_VAR, "")
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    return pid if pid in my_ancestors else None
+
+
+def watch_launcher(env: Mapping[str, str] | None = None, on_gone: Callable[[int], None] | None = None) -> int | None:
+    """Exit this process (SIGKILL-like, no clean-up) when the local launch.sh process exits.
+
+    Returns the watched PID, or None when there is nothing to watch (not under launch.sh, another host,
+    or no pidfd support).
+    """
+    env = os.environ if env is None else env
+    pid = launcher_to_watch(env, ancestors(os.getpid()))
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+
+    def wait() -> None:
+        # A pidfd becomes readable when the process exits, so no polling and no PID-reuse race.
+        select.select([fd], [], [])
+        if on_gone is not None:
+            on_gone(pid)
+            return
+        try:
+            print(f"corecpu: launcher (pid {pid}) is gone; rank exits", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + signal.SIGKILL)
+
+    threading.Thread(target=wait, name="corecpu-launcher-watch", daemon=True).start()
+    return pid
+
+
+def install(env: Mapping[str, str] | None = None, launched: bool = True) -> None:
+    """For a rank: die with the process that started it and with launch.sh. `launched`: a launcher
+    (not a person's shell) is our parent; PDEATHSIG is set only then, so `nohup python train.py &`
+    survives its shell."""
+    if launched and parent_death_signal() == 0:
+        die_with_parent()
+    watch_launcher(env)
