@@ -83,7 +83,5 @@ class StepStats:
         """Global mean loss and totals since the last call (a collective: every rank calls it)."""
         loss, samples, tokens, padded = all_reduce_sum([self.loss_sum.item(), self.samples, self.tokens, self.padded])
         self.__init__()
-        out = {"loss": loss / max(samples, 1), "samples": samples, "tokens": tokens}
-        if padded:
-            out["padding"] = padded / (tokens + padded)
-        return out
+        return {"loss": loss / max(samples, 1), "samples": samples, "tokens": tokens,
+                "padding": padded / max(tokens + padded, 1)}

@@ -14,6 +14,7 @@ bf16 runs against fp32) is measured on the model's own shapes.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 import sys
@@ -38,6 +39,8 @@ from corecpu.precision import (CalibrationShapes, PrecisionChoice, agree_precisi
                                resolve_precision, typical_batch_length)
 
 PRECISIONS = ("auto", "fp32", "bf16")
+# torch 2.13 renamed DDP's broadcast_buffers (deprecated) to forward_sync_buffers; IPEX 2.8 needs torch 2.8.
+_DDP_HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 
 
 @dataclass
@@ -127,8 +130,8 @@ class Run:
         """The machine-dependent choices as plain values: a resume compares them with the checkpoint's."""
         p = self._late.precision
         return {"backend": self.backend, "allreduce": self.allreduce, "threads": self.threads,
-                "precision": p.name if p else None, "bf16_speedup": getattr(p, "bf16_speedup", None),
-                "ipex": self.uses_ipex, "world_size": self.world_size}
+                "precision": p.name if p else None, "bf16_speedup": p.bf16_speedup if p else None,
+                "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size}
 
     # ------------------------------------------------------------ model
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -148,8 +151,8 @@ class Run:
             # Broadcasting buffers costs a collective before every forward; only running statistics
             # (batch norm) change during training, and only they need rank 0's copy each step.
             # Gradients written straight into the all-reduce buckets save a copy of every gradient.
-            model = DistributedDataParallel(model, broadcast_buffers=_has_running_stats(model),
-                                            gradient_as_bucket_view=True)  # broadcasts rank 0's weights
+            sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
+            model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
             if self.allreduce == "mpi":
                 apply_wait_mode(os.environ, self.launch)  # before MPI starts: polling on shared cores is slow
                 hook = MpiGradientAllreduce(self.launch)  # gradient buckets over MPI; gloo keeps the rest
@@ -307,15 +310,16 @@ def setup(backend: str = "auto", precision: str = "auto", threads: int = 0, dist
     if not dist_timeout > 0 or not math.isfinite(dist_timeout):
         raise CoreCPUError(f"dist_timeout must be a positive number of seconds, got {dist_timeout}")
     info = detect_launcher(env)
-    lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
-    if graceful_stop:
-        preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
     cpus, warning = _threads.launcher_cpus(env)
     if warning:
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
+    # Binding first: threads started later (the watchers below, gloo's, OpenMP's) inherit the rank's CPUs.
     decision = _threads.configure_threads(info, threads, cpus)
     if info.rank == 0 and (warning := _threads.threads_warning(threads, decision.bind_to or cpus)):
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
+    lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
+    if graceful_stop:
+        preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
     ctx = _dist.init_distributed(backend, dist_timeout, env, info=info)
     try:
         path, path_reason = choose_allreduce(allreduce, info, env)

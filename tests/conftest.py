@@ -21,7 +21,7 @@ IMPORT_TIME_VARIABLES = {"HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", 
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "chaos: kills, stops and starves real processes (tier 3)")
+    config.addinivalue_line("markers", "chaos: real jobs that get signalled, stopped, starved or blocked (tests/chaos/)")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -34,11 +34,6 @@ def _private_precision_cache(tmp_path_factory):
         os.environ.pop("CORECPU_CACHE_DIR", None)
     else:
         os.environ["CORECPU_CACHE_DIR"] = saved
-
-
-def pytest_configure(config):
-    # Registered here because pyproject.toml is shared; ./test.sh runs this tier with the others.
-    config.addinivalue_line("markers", "chaos: real jobs that get signalled, stopped, or blocked (tests/chaos/)")
 
 
 @pytest.fixture(autouse=True)
@@ -65,8 +60,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def pytest_configure(config):
-    # Here, not in pyproject.toml (owned elsewhere): runs that kill, truncate and fill disks on purpose.
-    config.addinivalue_line("markers", "chaos: process-level failure injection (kills, corrupt files, full disks)")
