@@ -28,6 +28,7 @@ from corecpu.metrics import eval_counts, scores_from_counts
 from corecpu.modelcard import write_model_card
 from corecpu import outputs, preempt
 from corecpu.modeling import check_inputs, load_model, load_tokenizer, optimizer_groups, resolve_model_dir
+from corecpu.precision import default_cache_dir
 from corecpu.reporting import Reporter
 from corecpu.run import Run
 from corecpu.tokencache import tokenize_cached
@@ -62,7 +63,7 @@ def train(cfg: TrainConfig, run: Run) -> None:
     label_names = train_data.label_names
 
     torch.manual_seed(cfg.seed + run.rank)  # dropout differs per rank; the data order does not (sampler seed)
-    cache = Path(cfg.output_dir) / "cache"  # local rank 0 of each host tokenizes; the others load its file
+    cache = default_cache_dir() / "tokenized"  # local rank 0 of each host tokenizes; the others load its file
     train_set = tokenize_cached(train_data, tokenizer, cfg.max_seq_len, cache, run.local_rank)
     collate = make_collate(tokenizer, cfg.pad_to_multiple_of, cfg.max_seq_len)
     train_loader = run.loader(train_set, cfg.batch_size, seed=cfg.seed, collate_fn=collate,

@@ -190,6 +190,8 @@ def test_train_reports_to_tensorboard_and_mlflow_from_a_saved_dataset(tmp_path, 
     """One process: a save_to_disk DatasetDict in, both trackers and the model card out."""
     import subprocess
 
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "host-cache"))  # where the tokenized data goes
+
     from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -232,7 +234,7 @@ def test_train_reports_to_tensorboard_and_mlflow_from_a_saved_dataset(tmp_path, 
     meta = yaml.safe_load(card.split("---\n")[1])
     metrics = {m["type"]: m["value"] for m in meta["model-index"][0]["results"][0]["metrics"]}
     assert metrics["accuracy"] == round(evaluation["eval_accuracy"], 6) and "`bad`, `good`" in card
-    assert len(list((out / "cache").glob("tokenized-*.pt"))) == 2
+    assert len(list((tmp_path / "host-cache" / "tokenized").glob("tokenized-*.pt"))) == 2  # train + eval
 
 
 @pytest.mark.e2e
