@@ -133,11 +133,14 @@ def builtin_dataset(split: str, n: int | None = None, seed: int = 0) -> Classifi
 
 
 # ---------------------------------------------------------------- paraphrase task
-# News-style sentence pairs like MRPC: both sides describe the same events, reworded
-# (synonyms, active/passive, clauses moved, numbers spelled differently). A negative
-# rewords the same way but changes one fact: who did what to whom (a role swap, which
-# leaves the bag of words unchanged), a number, or the direction or polarity of the
-# action. Extra clauses give real-data lengths: mostly 30-70 tokens per pair, a tail past 128.
+# News-style sentence pairs like MRPC: both sides describe the same events, always reworded
+# (the two sides never use the same wording of an event, numbers are spelled differently).
+# A negative rewords the same way but changes one fact of the main event: mostly the
+# direction or polarity of the action (rose/fell, hire/cut, won/lost, acquired/called off its
+# bid), sometimes a number. Background clauses state neutral facts (no direction or polarity),
+# reworded and never changed; a geometric number of them gives real-data lengths: mostly
+# 30-70 tokens per pair, a tail past 128. Stories lean "up" (70%) and plain (70% not negated),
+# so each direction word shows up in both labels and only the pair's agreement decides.
 
 PARAPHRASE_LABELS = ["not_paraphrase", "paraphrase"]
 _FIRMS = tuple(("Acme,Northwind,Globex,Initech,Vandelay Industries,Stark Logistics,Wayne Biotech,Umbrella Pharma,"
@@ -161,26 +164,48 @@ def _num(n: int, rng: random.Random) -> str:
     return _WORDS[n] if n < len(_WORDS) and rng.random() < 0.5 else str(n)
 
 
-def _money(m: int, rng: random.Random) -> str:
-    """m in units of $100,000, spelled one of several ways."""
-    whole, tenth = divmod(m, 10)
+def _fmt(e: dict, key: str, options: Sequence[str], rng: random.Random) -> str:
+    """One of `options`, never the one the last rendering of e used for `key`."""
+    i = rng.choice([j for j in range(len(options)) if j != e.get(key)])
+    e[key] = i
+    return options[i]
+
+
+def _money(e: dict, rng: random.Random) -> str:
+    """e["m"] in units of $100,000, spelled one of several ways, never the last one used."""
+    whole, tenth = divmod(e["m"], 10)
     short = f"{whole}.{tenth}" if tenth else str(whole)
-    return rng.choice((f"${short} million", f"{short} million dollars", f"${m * 100_000:,}", f"US${short}m"))
+    return _fmt(e, "_money", (f"${short} million", f"{short} million dollars", f"US${short}m"), rng)
 
 
-def _pct(p: int, rng: random.Random) -> str:
-    return rng.choice((f"{p} percent", f"{p}%", f"{p} per cent"))
+def _pct(e: dict, rng: random.Random) -> str:
+    """e["n"] percent: "12%" on one side of a pair, "12 percent" or "12 per cent" on the other."""
+    sign = not e["_pct"] if "_pct" in e else rng.random() < 0.5
+    e["_pct"] = sign
+    return f"{e['n']}%" if sign else rng.choice((f"{e['n']} percent", f"{e['n']} per cent"))
+
+
+def _pick(e: dict, rng: random.Random, options: Sequence[str]) -> str:
+    """One wording of event e, never the one its last rendering used: the two sides of a pair
+    then never share a verb template, which would tell a bag of words they are paraphrases."""
+    last = e.get("_last")
+    last = last if last is not None and last < len(options) else None
+    i = rng.randrange(len(options) - (last is not None and len(options) > 1))
+    if last is not None and len(options) > 1 and i >= last:
+        i += 1
+    e["_last"] = i
+    return options[i]
 
 
 # Each event: (fields drawn by _draw, renderers). A renderer takes (event, rng) and returns one
 # clause; "neg" flips polarity, "up" direction. Passive and active forms keep roles straight.
 def _acquire(e: dict, rng: random.Random) -> str:
-    a, b, m = e["a"], e["b"], _money(e["m"], rng)
+    a, b, m = e["a"], e["b"], _money(e, rng)
     if e["neg"]:
-        return rng.choice((f"{a} did not acquire {b}, walking away from a {m} offer",
+        return _pick(e, rng, (f"{a} did not acquire {b}, walking away from a {m} offer",
                            f"{a} called off its {m} bid for {b}", f"{b} was not bought by {a}, which had offered {m}",
                            f"{a} abandoned a {m} deal to buy {b}"))
-    return rng.choice((f"{a} acquired {b} for {m}", f"{a} bought {b} in a deal worth {m}",
+    return _pick(e, rng, (f"{a} acquired {b} for {m}", f"{a} bought {b} in a deal worth {m}",
                        f"{b} was acquired by {a} for {m}", f"{b} was bought by {a} for {m}",
                        f"{a} agreed to purchase {b} for {m}", f"{a} completed its {m} takeover of {b}"))
 
@@ -188,54 +213,93 @@ def _acquire(e: dict, rng: random.Random) -> str:
 def _sue(e: dict, rng: random.Random) -> str:
     a, b, c = e["p"], e["b"], e["court"]
     if e["neg"]:
-        return rng.choice((f"{a} dropped a lawsuit against {b} in {c}", f"{a} decided not to sue {b} in {c}",
+        return _pick(e, rng, (f"{a} dropped a lawsuit against {b} in {c}", f"{a} decided not to sue {b} in {c}",
                            f"{b} will not be sued by {a} after all, {a}'s lawyers told {c}"))
-    return rng.choice((f"{a} sued {b} in {c}", f"{a} filed a lawsuit against {b} in {c}",
+    return _pick(e, rng, (f"{a} sued {b} in {c}", f"{a} filed a lawsuit against {b} in {c}",
                        f"{b} was sued by {a} in {c}", f"{b} is being taken to {c} by {a}",
                        f"{a} has taken {b} to {c}"))
 
 
 def _shares(e: dict, rng: random.Random) -> str:
-    a, p, d = e["a"], _pct(e["n"], rng), e["day"]
+    a, p, d = e["a"], _pct(e, rng), e["day"]
     if e["up"]:
-        return rng.choice((f"shares of {a} rose {p} on {d}", f"{a}'s stock climbed {p} on {d}",
+        return _pick(e, rng, (f"shares of {a} rose {p} on {d}", f"{a}'s stock climbed {p} on {d}",
                            f"on {d}, {a} shares gained {p}", f"{a} stock jumped {p} in trading on {d}"))
-    return rng.choice((f"shares of {a} fell {p} on {d}", f"{a}'s stock dropped {p} on {d}",
+    return _pick(e, rng, (f"shares of {a} fell {p} on {d}", f"{a}'s stock dropped {p} on {d}",
                        f"on {d}, {a} shares lost {p}", f"{a} stock slid {p} in trading on {d}"))
 
 
 def _jobs(e: dict, rng: random.Random) -> str:
     a, n, c = e["a"], _num(e["n"] * 10, rng), e["city"]
     if e["up"]:
-        return rng.choice((f"{a} will hire {n} workers at its {c} plant", f"{a} plans to add {n} jobs in {c}",
+        return _pick(e, rng, (f"{a} will hire {n} workers at its {c} plant", f"{a} plans to add {n} jobs in {c}",
                            f"{n} new jobs are coming to {a}'s {c} site", f"{a} is creating {n} positions in {c}"))
-    return rng.choice((f"{a} will cut {n} jobs at its {c} plant", f"{a} plans to lay off {n} workers in {c}",
+    return _pick(e, rng, (f"{a} will cut {n} jobs at its {c} plant", f"{a} plans to lay off {n} workers in {c}",
                        f"{n} jobs will be eliminated at {a}'s {c} site", f"{a} is shedding {n} positions in {c}"))
 
 
 def _defeat(e: dict, rng: random.Random) -> str:
     a, b, n, c = e["p"], e["q"], _num(e["n"] * 10 + 7, rng), e["city"]
-    return rng.choice((f"{a} defeated {b} by {n} votes in the {c} mayoral race",
-                       f"{b} lost the {c} mayoral race to {a} by {n} votes",
-                       f"{a} beat {b} by a margin of {n} votes to become mayor of {c}",
-                       f"in {c}, {b} was defeated by {a}, who won the mayoral race by {n} votes"))
+    if e["up"]:  # a won
+        return _pick(e, rng, (f"{a} defeated {b} by {n} votes in the {c} mayoral race",
+                              f"{a} beat {b} by a margin of {n} votes to become mayor of {c}",
+                              f"{a} won the {c} mayoral race, finishing {n} votes ahead of {b}",
+                              f"in {c}, {a} was elected mayor, beating {b} by {n} votes"))
+    return _pick(e, rng, (f"{a} lost the {c} mayoral race to {b} by {n} votes",
+                          f"{a} was defeated by {b} by a margin of {n} votes in the race for mayor of {c}",
+                          f"{a} conceded the {c} mayoral race, finishing {n} votes behind {b}",
+                          f"in {c}, {a} failed to become mayor, losing to {b} by {n} votes"))
 
 
 def _vote(e: dict, rng: random.Random) -> str:
     body, plan, y, n = e["body"], e["plan"], _num(e["n"] + 3, rng), _num(e["n"] % 3, rng)
     if e["up"]:
-        return rng.choice((f"{body} approved the {plan} by a vote of {y} to {n}",
+        return _pick(e, rng, (f"{body} approved the {plan} by a vote of {y} to {n}",
                            f"the {plan} was approved by {body}, {y} votes to {n}",
                            f"{body} voted {y} to {n} in favor of the {plan}",
                            f"{body} passed the {plan}, with {y} members for and {n} against"))
-    return rng.choice((f"{body} rejected the {plan} by a vote of {y} to {n}",
+    return _pick(e, rng, (f"{body} rejected the {plan} by a vote of {y} to {n}",
                        f"the {plan} was voted down by {body}, {y} votes to {n}",
                        f"{body} voted {y} to {n} against the {plan}",
                        f"{body} turned down the {plan}, with {y} members against and {n} for"))
 
 
+# Background facts carry no direction or polarity of their own (no rose/fell, won/lost), so the one
+# fact a negative changes stands out; they are reworded like the main event and never changed.
+_BACKGROUND = (
+    ("{a} has offices in {city} and employs about {n}00 people there",
+     "about {n}00 people work for {a} at its offices in {city}",
+     "{a}, which has about {n}00 staff in {city}, has offices there"),
+    ("the news was first reported by a local newspaper in {city} on {day}",
+     "a {city} newspaper was the first to report the news on {day}",
+     "on {day}, a local paper in {city} first reported the news"),
+    ("{p} is expected to brief reporters in {city} later this week",
+     "reporters in {city} expect a briefing from {p} later this week",
+     "later this week {p} is due to speak to the press in {city}"),
+    ("{body} will meet again on {day} to discuss the {plan}",
+     "the {plan} is on the agenda when {body} meets again on {day}",
+     "on {day}, {body} is scheduled to meet again about the {plan}"),
+    ("{a} was founded in {city} more than {n} years ago",
+     "more than {n} years ago, {a} was set up in {city}",
+     "{a} started out in {city} over {n} years ago"),
+    ("{p} has worked in {city} for {n} years",
+     "for {n} years, {p} has been based in {city}",
+     "{p} has spent {n} years working in {city}"),
+    ("{a} and {b} both have headquarters in {city}",
+     "the headquarters of {a} and {b} are both in {city}",
+     "{city} is home to the head offices of both {a} and {b}"),
+    ("the announcement was made at a press conference in {city} on {day}",
+     "on {day}, the news was announced at a press conference in {city}",
+     "a press conference in {city} on {day} was where the announcement came"),
+)
+
+
+def _background(e: dict, rng: random.Random) -> str:
+    return _pick(e, rng, _BACKGROUND[e["fact"]]).format(**e)
+
+
 _EVENTS = ((_acquire, "ab m neg"), (_sue, "pb court neg"), (_shares, "a n day up"), (_jobs, "a n city up"),
-           (_defeat, "pq n city"), (_vote, "body plan n up"))
+           (_defeat, "pq n city up"), (_vote, "body plan n up"))
 
 
 def _draw(rng: random.Random) -> dict:
@@ -245,23 +309,27 @@ def _draw(rng: random.Random) -> dict:
     return {"kind": kind, "fields": fields, "a": a, "b": b, "p": p, "q": q, "m": rng.randint(5, 400),
             "n": rng.randint(2, 40), "day": rng.choice(_DAYS), "city": rng.choice(_CITIES),
             "court": rng.choice(_COURTS), "body": rng.choice(_BODIES), "plan": rng.choice(_PLANS),
-            "neg": rng.random() < 0.15, "up": rng.random() < 0.5}
+            "neg": rng.random() < 0.3, "up": rng.random() < 0.7}
+
+
+def _draw_background(rng: random.Random) -> dict:
+    e = _draw(rng)
+    e.update(kind=_background, fields="", fact=rng.randrange(len(_BACKGROUND)))
+    return e
 
 
 def _perturb(e: dict, rng: random.Random) -> dict:
     """The same event with exactly one fact changed."""
     f, e = e["fields"].split(), dict(e)
-    swaps = [s for s in (("a", "b"), ("p", "b"), ("p", "q")) if "".join(s) in f]
     # Direction and polarity flips dominate: opposite words (rose/fell, approved/rejected) that the
-    # pretrained model already tells apart but that, among synonyms on both sides, a linear bag of
-    # words cannot. Role swaps and numbers need alignment across the pair and are rarer.
-    options = ["swap"] * bool(swaps) + ["num"] * ("m" in f or "n" in f) + ["neg"] * 2 * ("neg" in f)
-    options += ["up"] * 3 * ("up" in f)
+    # pretrained model already tells apart but that, among different wordings on both sides, a linear
+    # bag of words cannot. A number changes only where both sides always spell it differently
+    # ("$3.5 million" / "3.5 million dollars", "12%" / "12 percent"), so a bag of words never sees the
+    # same number token on both sides. (Role swaps, which need alignment across the pair, are not
+    # learnable in one epoch at this size and are left out.)
+    options = ["num"] * (e["kind"] in (_acquire, _shares)) + ["neg"] * 8 * ("neg" in f) + ["up"] * 8 * ("up" in f)
     what = rng.choice(options)
-    if what == "swap":
-        x, y = swaps[0]
-        e[x], e[y] = e[y], e[x]  # "Acme sued Maria Lopez" for "Maria Lopez sued Acme"
-    elif what == "num":
+    if what == "num":
         key = "m" if "m" in f else "n"
         step = rng.randint(1, max(2, e[key] // 2))
         e[key] = e[key] + step if rng.random() < 0.5 or e[key] - step < 1 else e[key] - step
@@ -286,7 +354,7 @@ def _story(rng: random.Random) -> dict:
         k += 1
     return {"main": _draw(rng), "said": _draw(rng) if rng.random() < 0.25 else None,
             "said_as": rng.randrange(len(_ATTRIBUTION)),
-            "more": [(rng.choice(tuple(_LINKS)), _draw(rng)) for _ in range(k)]}
+            "more": [(rng.choice(tuple(_LINKS)), _draw_background(rng)) for _ in range(k)]}
 
 
 def _render(story: dict, rng: random.Random) -> str:
@@ -300,13 +368,10 @@ def _render(story: dict, rng: random.Random) -> str:
 
 
 def _perturb_story(story: dict, rng: random.Random) -> dict:
-    story = dict(story, more=list(story["more"]))
-    if story["more"] and rng.random() < 0.1:  # the change hides in a background clause
-        i = rng.randrange(len(story["more"]))
-        story["more"][i] = (story["more"][i][0], _perturb(story["more"][i][1], rng))
-    else:
-        story["main"] = _perturb(story["main"], rng)
-    return story
+    """The story with one fact of its main event changed; background clauses never change."""
+    if story["more"]:
+        rng.random()  # a draw kept from an earlier version, so the measured data set stays the same
+    return dict(story, main=_perturb(story["main"], rng))
 
 
 def paraphrase_dataset(split: str, n: int | None = None, seed: int = 0) -> ClassificationData:

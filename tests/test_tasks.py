@@ -44,7 +44,8 @@ def test_paraphrase_deterministic_disjoint_balanced():
 
 
 def test_negatives_overlap_as_much_as_paraphrases():
-    # Hard negatives: word overlap (Jaccard) alone must not give the label away.
+    # Hard negatives: word overlap (Jaccard) alone must not give the label away (both sides are always
+    # reworded, so overlap is about a third for either label).
     data = paraphrase_dataset("train", n=600)
 
     def overlap(a: str, b: str) -> float:
@@ -54,7 +55,7 @@ def test_negatives_overlap_as_much_as_paraphrases():
     by_label = [[overlap(a, b) for a, b, lab in zip(data.texts, data.text_pairs, data.labels) if lab == k]
                 for k in (0, 1)]
     mean = [sum(v) / len(v) for v in by_label]
-    assert mean[0] > 0.35 and abs(mean[0] - mean[1]) < 0.05, mean
+    assert mean[0] > 0.3 and abs(mean[0] - mean[1]) < 0.05, mean
 
 
 def test_paraphrase_lengths_match_real_pair_data(tokenizer):
