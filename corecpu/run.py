@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from corecpu import dist as _dist  # noqa: E402
 from corecpu import ipex as _ipex  # noqa: E402
 from corecpu import lifeline, preempt, watchdog  # noqa: E402
-from corecpu.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce  # noqa: E402
+from corecpu.allreduce import MpiGradientAllreduce, choose_allreduce  # noqa: E402
 from corecpu.hardware import Extension, read_cpu_features  # noqa: E402
 from corecpu.precision import (CalibrationShapes, PrecisionChoice, agree_precision, decide_precision,  # noqa: E402
                                resolve_precision, typical_batch_length)
@@ -154,7 +154,6 @@ class Run:
             sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
             model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
             if self.allreduce == "mpi":
-                apply_wait_mode(os.environ, self.launch)  # before MPI starts: polling on shared cores is slow
                 hook = MpiGradientAllreduce(self.launch)  # gradient buckets over MPI; gloo keeps the rest
                 hook.register(model)
                 self._late.closers.append(hook.close)
