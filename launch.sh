@@ -54,7 +54,8 @@ fi
 stamp_of() { cat "$here/pyproject.toml" "$here/constraints.txt" | cksum | cut -d' ' -f1; }
 stamp_file="$(dirname "$py")/../.corecpu-installed"
 # The stamp holds the checksum of what was installed and the extras installed with it.
-read -r stamp_sum stamp_extras < "$stamp_file" 2>/dev/null || true
+stamp_sum="" stamp_extras=""
+[[ -f "$stamp_file" ]] && read -r stamp_sum stamp_extras < "$stamp_file" || true
 if [[ "${stamp_sum:-}" != "$(stamp_of)" || ( -n "$extras" && ",${stamp_extras:-}," != *",$extras,"* ) ]]; then
   target="$here${extras:+[$extras]}"
   if (( dry_run )); then
