@@ -106,13 +106,19 @@ def _split_of(sentence: str) -> str:
     return "eval" if hashlib.blake2b(sentence.encode(), digest_size=8).digest()[0] % 6 == 0 else "train"
 
 
+def _split_size(task: str, split: str, n: int | None, train_n: int, eval_n: int) -> int:
+    """How many examples a task's split gets; one message for every task's bad split or size."""
+    if split not in ("train", "eval"):
+        raise CoreCPUError(f"unknown {task} split {split!r}; use 'train' or 'eval'")
+    n = (train_n if split == "train" else eval_n) if n is None else n
+    if n < 1:
+        raise CoreCPUError(f"{task} dataset size must be positive, got {n}")
+    return n
+
+
 def builtin_dataset(split: str, n: int | None = None, seed: int = 0) -> ClassificationData:
     """Balanced 2-class review sentiment; train defaults to 2000 examples, eval to 400."""
-    if split not in ("train", "eval"):
-        raise CoreCPUError(f"unknown builtin split {split!r}; use 'train' or 'eval'")
-    n = (2000 if split == "train" else 400) if n is None else n
-    if n < 1:
-        raise CoreCPUError(f"builtin dataset size must be positive, got {n}")
+    n = _split_size("builtin", split, n, 2000, 400)
     rng = random.Random(f"corecpu-builtin-{seed}-{split}")
     texts: list[str] = []
     labels: list[int] = []
@@ -376,11 +382,7 @@ def _perturb_story(story: dict, rng: random.Random) -> dict:
 
 def paraphrase_dataset(split: str, n: int | None = None, seed: int = 0) -> ClassificationData:
     """Balanced sentence-pair paraphrase detection; train defaults to 3000 pairs, eval to 600."""
-    if split not in ("train", "eval"):
-        raise CoreCPUError(f"unknown paraphrase split {split!r}; use 'train' or 'eval'")
-    n = (3000 if split == "train" else 600) if n is None else n
-    if n < 1:
-        raise CoreCPUError(f"paraphrase dataset size must be positive, got {n}")
+    n = _split_size("paraphrase", split, n, 3000, 600)
     rng = random.Random(f"corecpu-paraphrase-{seed}-{split}")
     firsts: list[str] = []
     seconds: list[str] = []
