@@ -163,3 +163,17 @@ def test_launch_oversubscription_and_hostfile(tmp_path):
     with pytest.raises(CoreCPUError, match="do not fit"):
         plan_launch(LaunchRequest(9, "train.py", hostfile=str(hosts), ppn=4), {}, "python", 8,
                     which=lambda n: "/x/" + n)
+
+
+def test_cpus_the_launcher_gave_are_known_even_if_torch_came_first(monkeypatch):
+    from corecpu import threads
+
+    monkeypatch.setattr(threads, "CPUS_AT_START", frozenset({0, 1, 2, 3}))
+    # corecpu.bind said which CPUs this rank has: that wins, whatever was imported first.
+    assert threads.launcher_cpus({"CORECPU_BOUND_CPUS": "4-5"}) == (frozenset({4, 5}), None)
+    # torch first, but no OpenMP binding variable: the affinity at `import corecpu` is still the launcher's.
+    monkeypatch.setattr(threads, "TORCH_LOADED_FIRST", True)
+    assert threads.launcher_cpus({}) == (frozenset({0, 1, 2, 3}), None)
+    # torch first with OMP_PROC_BIND set: libgomp may have narrowed the mask already; say so.
+    cpus, warning = threads.launcher_cpus({"OMP_PROC_BIND": "close"})
+    assert cpus == frozenset({0, 1, 2, 3}) and "OMP_PROC_BIND" in warning and "import corecpu first" in warning
