@@ -1,0 +1,39 @@
+"""Tier 1: how many threads a rank gets, and why (corecpu.threads)."""
+
+from __future__ import annotations
+
+from corecpu.launchers import LaunchInfo
+from corecpu.threads import decide_threads
+
+ALL = frozenset(range(8))
+TWO_LOCAL = LaunchInfo("torchrun", 1, 2, 1, 2)
+
+
+def test_threads_respect_an_explicit_request():
+    d = decide_threads(3, {}, ALL, ALL, TWO_LOCAL, frozenset({4, 5, 6, 7}))
+    assert (d.threads, d.bind_to) == (3, None)
+
+
+def test_threads_when_bound_by_corecpu():
+    d = decide_threads(0, {"CORECPU_BOUND_CPUS": "4-7", "OMP_NUM_THREADS": "4"}, frozenset({4, 5, 6, 7}), ALL,
+                       TWO_LOCAL, None)
+    assert (d.threads, d.bind_to) == (4, None)
+
+
+def test_threads_respect_a_launcher_binding():
+    # ipexrun / Intel MPI already narrowed this rank to 2 CPUs: use them, do not re-plan.
+    d = decide_threads(0, {"OMP_NUM_THREADS": "1"}, frozenset({2, 3}), ALL, TWO_LOCAL, frozenset({4, 5, 6, 7}))
+    assert (d.threads, d.bind_to) == (2, None)
+
+
+def test_unbound_torchrun_ranks_get_their_planned_share():
+    # torchrun sets OMP_NUM_THREADS=1 and binds nothing: every rank would see all 8 CPUs.
+    d = decide_threads(0, {"OMP_NUM_THREADS": "1"}, ALL, ALL, TWO_LOCAL, frozenset({4, 5, 6, 7}))
+    assert (d.threads, d.bind_to) == (4, frozenset({4, 5, 6, 7}))
+    fallback = decide_threads(0, {}, ALL, ALL, TWO_LOCAL, None)
+    assert (fallback.threads, fallback.bind_to) == (4, None)
+
+
+def test_single_rank_uses_everything_it_may():
+    d = decide_threads(0, {}, ALL, ALL, LaunchInfo("single", 0, 1, 0, 1), None)
+    assert d.threads == 8
