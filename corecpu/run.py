@@ -264,6 +264,12 @@ class Run:
                 close()
         finally:
             _dist.teardown()
+            # Destroy the rendezvous store now, not during interpreter shutdown, when its C++
+            # threads may outlive the objects they use (seen as "terminate called" aborts at exit).
+            self._late.store = None
+            import gc
+
+            gc.collect()
 
     def __enter__(self) -> "Run":
         return self
