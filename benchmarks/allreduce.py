@@ -59,7 +59,7 @@ def cpu_model() -> str:
 
 
 def worker(args: argparse.Namespace) -> None:
-    from corecpu.launchers import detect_launcher
+    from corecpu.cluster.launchers import detect_launcher
 
     info = detect_launcher(os.environ)
     cpus = sorted(os.sched_getaffinity(0))
@@ -70,12 +70,11 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from corecpu.allreduce import MpiGradientAllreduce
-    from corecpu.dist import init_distributed, teardown
+    import corecpu
+    from corecpu.distributed.allreduce import MpiGradientAllreduce
 
-    torch.set_num_threads(1)
-    ctx = init_distributed("gloo", 60)
-    comm = MpiGradientAllreduce(ctx.info)
+    ctx = corecpu.setup(backend="gloo", allreduce="gloo", threads=1, dist_timeout=60)
+    comm = MpiGradientAllreduce(ctx.launch)
     from mpi4py import MPI
 
     raw = comm.comm
@@ -138,7 +137,7 @@ def worker(args: argparse.Namespace) -> None:
             "median_ms": {s: {m: 1e3 * statistics.median(v) for m, v in by.items()} for s, by in samples.items()},
         }
         Path(os.environ["CORECPU_BENCH_OUT"]).write_text(json.dumps(result, indent=2))
-    teardown()
+    ctx.close()
 
 
 # ---------------------------------------------------------------- driver

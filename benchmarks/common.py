@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from corecpu.config import TrainConfig
-from corecpu.data import ClassificationData, load_data
+from corecpu.training.config import TrainConfig
+from corecpu.data.sources import load_data
+from corecpu.data.types import ClassificationData
 
 DEFAULTS = TrainConfig()
 

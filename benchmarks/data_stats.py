@@ -19,10 +19,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from corecpu.data import ClassificationData, TokenizedDataset  # noqa: E402
-from corecpu.modeling import load_tokenizer  # noqa: E402
-from corecpu.sampling import build_loader, set_epoch  # noqa: E402
-from corecpu.tasks import format_length_stats, length_stats, task_dataset, task_lengths  # noqa: E402
+from corecpu.data.tokenized import TokenizedDataset# noqa: E402
+from corecpu.data.types import ClassificationData
+from corecpu.training.modeling import load_tokenizer  # noqa: E402
+from corecpu.data.sampling import build_loader, set_epoch  # noqa: E402
+from corecpu.data.builtin import format_length_stats, length_stats, task_dataset, task_lengths  # noqa: E402
 
 WORD = re.compile(r"[\w$%.,']+|\S")
 

@@ -81,7 +81,7 @@ def holdout_split(n: int, fraction: float = 0.1, seed: int = 0) -> tuple[list[in
 def _non_default(cfg: BenchConfig) -> list[str]:
     """train.py flags for the held-equal settings that differ from corecpu's own defaults:
     corecpu runs with its defaults, so equal values are not passed at all."""
-    from corecpu.config import TrainConfig
+    from corecpu.training.config import TrainConfig
 
     d = TrainConfig()
     args: list[str] = []

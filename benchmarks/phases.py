@@ -66,8 +66,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from transformers import get_linear_schedule_with_warmup
 
-    from corecpu.data import TokenizedDataset, load_data, make_collate, set_epoch
-    from corecpu.modeling import load_model, load_tokenizer, optimizer_groups
+    from corecpu.data.sampling import set_epoch
+    from corecpu.data.sources import load_data
+    from corecpu.data.tokenized import TokenizedDataset, make_collate
+    from corecpu.training.modeling import load_model, load_tokenizer, optimizer_groups
 
     model_spec = {"minilm": "default"}.get(args.model, args.model)
     with corecpu.setup(precision=args.precision, allreduce=args.allreduce) as run:

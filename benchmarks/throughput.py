@@ -101,7 +101,7 @@ def prepare_data(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], 
     if not harness.is_file_spec(args.data):
         return {"data": args.data, "eval_data": "auto", "columns": {}}, {
             "data_label": args.data, "eval": f"the built-in's eval split ({args.data}, split='eval')"}
-    from corecpu.data import load_file
+    from corecpu.data.files import load_file
 
     def col(v: str) -> str | int | None:
         return None if v == "" else int(v) if v.isdigit() else v
@@ -135,7 +135,7 @@ def prepare_data(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], 
 # ---------------------------------------------------------------- running
 
 def machine() -> dict[str, Any]:
-    from corecpu.hardware import read_cpu_features
+    from corecpu.cpu.hardware import read_cpu_features
 
     features = read_cpu_features()
     versions = {}
@@ -224,10 +224,11 @@ def main() -> None:
     precision: str | None = None if args.precision == "auto" else args.precision
     resolved_by = "requested" if precision else None
     if precision is None and "corecpu" not in args.order:
-        from corecpu.hardware import choose_precision, read_cpu_features
+        from corecpu.compute.precision import decide_precision
+        from corecpu.cpu.hardware import read_cpu_features
 
-        precision = choose_precision("auto", read_cpu_features()).name
-        resolved_by = "corecpu.hardware.choose_precision (no corecpu variant ran)"
+        precision = decide_precision("auto", read_cpu_features()).name  # unmeasured: bf16 only on AMX
+        resolved_by = "corecpu.compute.precision.decide_precision (no corecpu variant ran)"
     # launch.sh binds and sizes corecpu's ranks, one process uses torch's default (all cores), and
     # torchrun's ranks get an equal share of those (see harness.variant_env).
     env = {k: v for k, v in os.environ.items() if k not in harness.THREAD_VARS}

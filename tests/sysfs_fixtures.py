@@ -14,7 +14,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script from anywhere: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from corecpu.topology import format_cpu_list  # noqa: E402
+from corecpu.cpu.cpulist import format_cpu_list# noqa: E402
 
 XEON_FLAGS = "fpu sse sse2 avx avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from conftest import ROOT, free_port
-from corecpu.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce
+from corecpu.distributed.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce
 from corecpu.errors import CoreCPUError
-from corecpu.launchers import LaunchInfo, detect_launcher
+from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 
 LAUNCHER_ENVS = {
     "intel-mpi": {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
@@ -96,16 +96,16 @@ def test_unknown_choice_is_an_error():
 
 def test_wait_mode_copied_from_the_plan():
     env: dict[str, str] = {}
-    assert apply_wait_mode(env, info_for("intel-mpi"), lambda info: {"I_MPI_WAIT_MODE": "1", "OMP_PLACES": "cores"}) == "1"
+    assert apply_wait_mode(env, lambda: {"I_MPI_WAIT_MODE": "1", "OMP_PLACES": "cores"}) == "1"
     assert env == {"I_MPI_WAIT_MODE": "1"}
 
 
 def test_wait_mode_left_alone_when_set_or_not_planned():
     env = {"I_MPI_WAIT_MODE": "0"}
-    assert apply_wait_mode(env, info_for("intel-mpi"), lambda info: {"I_MPI_WAIT_MODE": "1"}) is None
+    assert apply_wait_mode(env, lambda: {"I_MPI_WAIT_MODE": "1"}) is None
     assert env == {"I_MPI_WAIT_MODE": "0"}
     empty: dict[str, str] = {}
-    assert apply_wait_mode(empty, info_for("intel-mpi"), lambda info: {"OMP_PLACES": "cores"}) is None
+    assert apply_wait_mode(empty, lambda: {"OMP_PLACES": "cores"}) is None
     assert empty == {}
 
 

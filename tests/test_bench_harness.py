@@ -182,7 +182,7 @@ def test_a_data_file_is_split_and_rewritten_so_every_variant_reads_the_same_exam
         import throughput
     finally:
         sys.path.remove(str(harness.BENCH))
-    from corecpu.data import load_data
+    from corecpu.data.sources import load_data
 
     src = tmp_path / "pairs.csv"
     src.write_text("q1,q2,dup\n" + "".join(f"question {i},other {i},{'yes' if i % 3 else 'no'}\n" for i in range(50)))

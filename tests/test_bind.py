@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corecpu.bind import prepare
-from corecpu.threads import binding_report
+from corecpu.launching.bind import prepare
+from corecpu.cpu.threads import binding_report
 from corecpu.errors import CoreCPUError
 
 try:

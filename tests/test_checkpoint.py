@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from corecpu import checkpoint as ckpt
-from corecpu import checkpoint_store as store
+from corecpu.training import checkpoint as ckpt
+from corecpu.training import checkpoint_files as store
 from corecpu.errors import CoreCPUError
 
 Usage = namedtuple("Usage", "total used free")
@@ -69,11 +69,18 @@ def test_round_trip_restores_weights_optimizer_scheduler_position_and_every_rng(
 
 def test_wrapped_model_saves_unwrapped_keys(tmp_path):
     model, opt, _ = trained()
-    compiled_like = torch.nn.Module()
-    compiled_like.module = model  # DDP's attribute
-    save(tmp_path, 1, compiled_like, opt)
+    save(tmp_path, 1, torch.compile(model), opt)  # compiles nothing until called; wraps as _orig_mod
     state = torch.load(tmp_path / "checkpoints" / "step-00000001" / "state.pt", weights_only=True)
     assert set(state["model"]) == set(model.state_dict())
+
+
+def test_a_child_named_module_is_part_of_the_model(tmp_path):
+    model, opt, _ = trained()
+    outer = torch.nn.Module()
+    outer.module, outer.head = model, torch.nn.Linear(2, 1)  # not a wrapper: its own child called "module"
+    save(tmp_path, 1, outer, opt)
+    state = torch.load(tmp_path / "checkpoints" / "step-00000001" / "state.pt", weights_only=True)
+    assert set(state["model"]) == set(outer.state_dict()) and any(k.startswith("head.") for k in state["model"])
 
 
 def test_fresh_start_and_empty_directory(tmp_path):

@@ -1,20 +1,33 @@
-"""Tier 1: the configuration surface (corecpu.config) and the `corecpu make-data` command."""
+"""Tier 1: the configuration surface (corecpu.training.config) and the `corecpu make-data` command."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from corecpu.config import TrainConfig, build_parser, parse_config
+from corecpu.training.config import TrainConfig, build_parser, parse_config
+from corecpu.training.options import RunOptions
 from corecpu.errors import CoreCPUError
 
 
 def test_every_config_field_is_a_flag_with_help():
     parser = build_parser()
     text = parser.format_help()
-    for name, f in TrainConfig.__dataclass_fields__.items():
-        assert "--" + name.replace("_", "-") in text and f.metadata["help"]
+    fields = [f for f in dataclasses.fields(TrainConfig) if f.name != "run"] + list(dataclasses.fields(RunOptions))
+    for f in fields:
+        assert "--" + f.name.replace("_", "-") in text and f.metadata["help"]
     assert parse_config([]) == TrainConfig()
-    assert parse_config(["--no-compile", "--lr", "3e-5"]).lr == 3e-5
+    cfg = parse_config(["--no-compile", "--lr", "3e-5", "--precision", "fp32"])
+    assert cfg.lr == 3e-5 and cfg.run.precision == cfg.precision == "fp32"
+
+
+def test_config_json_stays_flat_as_the_flags():
+    # config.json and checkpoints record the run options beside the others, as before they were nested:
+    # a checkpoint written before the nesting still compares its settings on resume.
+    flat = parse_config(["--precision", "fp32", "--threads", "1"]).to_dict()
+    assert flat["precision"] == "fp32" and flat["threads"] == 1 and "run" not in flat
+    assert list(flat) == [a.dest for a in build_parser()._actions if a.dest != "help"]
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -34,7 +47,7 @@ def test_make_data_writes_the_builtin_task_and_refuses_to_overwrite(tmp_path):
     import subprocess
     import sys
 
-    from corecpu.data import load_data
+    from corecpu.data.sources import load_data
 
     path = tmp_path / "builtin.tsv"
     cmd = [sys.executable, "-m", "corecpu.cli", "make-data", str(path), "--n", "50"]

@@ -1,4 +1,4 @@
-"""Tests for corecpu.data: loading, the builtin task, tokenization, collate and samplers."""
+"""Tests for corecpu.data.files: loading, the builtin task, tokenization, collate and samplers."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from corecpu.data import META_KEYS, ClassificationData, TokenizedDataset, load_data, load_file, make_collate
-from corecpu.sampling import build_eval_loader, build_loader, set_epoch, steps_per_epoch
-from corecpu.tasks import builtin_dataset, write_builtin
+from corecpu.data.files import load_file
+from corecpu.data.sources import load_data
+from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
+from corecpu.data.types import ClassificationData
+from corecpu.data.sampling import build_eval_loader, build_loader, set_epoch, steps_per_epoch
+from corecpu.data.builtin import builtin_dataset, write_builtin
 from corecpu.errors import CoreCPUError
 
 MRPC = (

@@ -9,9 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from conftest import ROOT, free_port
-from corecpu.dist import choose_backend, init_distributed, master_address, route_interface, teardown
+from corecpu.distributed.process_group import choose_backend, init_distributed, master_address, route_interface, teardown
 from corecpu.errors import CoreCPUError
-from corecpu.launchers import detect_launcher
+from corecpu.cluster.launchers import detect_launcher
 
 
 def test_auto_backend_is_gloo_without_torch_ccl():
@@ -71,7 +71,7 @@ def test_missing_rank_times_out_with_a_clear_message():
     # Rank 0 of 2 alone: must fail fast, naming the address and the fix.
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
-    code = "from corecpu.errors import run_cli; from corecpu.dist import init_distributed; run_cli(lambda: init_distributed('gloo', 3))"
+    code = "from corecpu.errors import run_cli; from corecpu.distributed.process_group import init_distributed; run_cli(lambda: init_distributed('gloo', 3))"
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert time.monotonic() - t0 < 40

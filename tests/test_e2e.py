@@ -74,8 +74,8 @@ def test_launch_two_ranks_tiny(tmp_path):
 
 
 def test_auto_precision_is_measured_once_then_cached(tmp_path, monkeypatch):
-    from corecpu.hardware import read_cpu_features
-    from corecpu.precision import has_amx
+    from corecpu.cpu.hardware import read_cpu_features
+    from corecpu.compute.precision import has_amx
 
     if has_amx(read_cpu_features()):
         pytest.skip("AMX means bf16 without measuring")

@@ -1,6 +1,6 @@
 """Tier 1: CPU flag detection (the precision decision is tested in test_precision.py)."""
 
-from corecpu.hardware import parse_proc_cpuinfo, read_cpu_features
+from corecpu.cpu.hardware import parse_proc_cpuinfo, read_cpu_features
 
 CPUINFO = """processor	: 0
 vendor_id	: GenuineIntel

@@ -6,10 +6,13 @@ import json
 
 import pytest
 
-from corecpu.data import ClassificationData, TokenizedDataset, load_data
+from corecpu.data.sources import load_data
+from corecpu.data.tokenized import TokenizedDataset
+from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
-from corecpu.hf_data import auto_eval_data, is_hf_source, load_hf_dataset
-from corecpu.tokencache import cache_path, tokenize_cached
+from corecpu.data.hf import is_hf_source, load_hf_dataset
+from corecpu.data.sources import auto_eval_data
+from corecpu.data.tokencache import cache_path, tokenize_cached
 
 datasets = pytest.importorskip("datasets")
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value  # noqa: E402

@@ -12,11 +12,11 @@ from collections import namedtuple
 import pytest
 
 from conftest import ROOT
-from corecpu import checkpoint as ckpt
-from corecpu import outputs
+from corecpu.training import checkpoint as ckpt
+from corecpu.training import outputs
 from corecpu.errors import CoreCPUError
-from corecpu.modeling import default_model_dir, input_problems, load_tokenizer, read_model_config
-from corecpu.threads import threads_warning
+from corecpu.training.modeling import default_model_dir, input_problems, load_tokenizer, read_model_config, weights_bytes
+from corecpu.cpu.threads import threads_warning
 
 Usage = namedtuple("Usage", "total used free")
 ROOMY = lambda p: Usage(10**12, 0, 10**12)  # noqa: E731
@@ -64,7 +64,7 @@ def test_output_dir_without_room(tmp_path):
 
 def test_run_size_estimate():
     assert outputs.estimate_run_bytes(90_000_000, keep=2) == 90_000_000 * 10
-    assert outputs.model_weights_bytes(default_model_dir()) > 80_000_000
+    assert weights_bytes("default") > 80_000_000 and weights_bytes("tiny") == 0
 
 
 def _earlier_run(out):
@@ -122,7 +122,7 @@ def test_max_seq_len_above_positions():
 
 def test_model_dir_without_tokenizer_files_is_refused(tmp_path):
     shutil.copy(default_model_dir() / "config.json", tmp_path / "config.json")
-    from corecpu.modeling import check_inputs
+    from corecpu.training.modeling import check_inputs
 
     tokenizer = load_tokenizer(str(tmp_path))  # transformers builds a 5-token stand-in here
     with pytest.raises(CoreCPUError, match=rf"tokenizer in {tmp_path} has only \d+ tokens for a model with 30522"):

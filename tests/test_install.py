@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from corecpu.install import CPU_INDEX, cuda_build_notice, cuda_of_version_file, torch_cuda_version
+from corecpu.launching.install import CPU_INDEX, cuda_build_notice, cuda_of_version_file, torch_cuda_version
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, free_port
-from corecpu.hardware import ipex_status, read_cpu_features
+from corecpu.cpu.hardware import ipex_status, read_cpu_features
 
 # ipex_status() compares versions before importing: IPEX built for another torch does not raise
 # ImportError on import (its version check calls a non-existent os.exit), so importorskip alone would error.

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from corecpu.dist import master_address
+from corecpu.distributed.process_group import master_address
 from corecpu.errors import CoreCPUError
-from corecpu.launchers import detect_launcher
+from corecpu.cluster.launchers import detect_launcher
 
 yaml = pytest.importorskip("yaml")
 jsonschema = pytest.importorskip("jsonschema")

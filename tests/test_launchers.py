@@ -3,7 +3,7 @@
 import pytest
 
 from corecpu.errors import CoreCPUError
-from corecpu.launchers import detect_launcher
+from corecpu.cluster.launchers import detect_launcher
 
 CASES = {
     "intel-mpi": {"PMI_RANK": "3", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},

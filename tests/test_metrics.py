@@ -1,4 +1,4 @@
-"""Tier 1: scores from summed counts and the metrics.jsonl log (corecpu.metrics)."""
+"""Tier 1: scores from summed counts and the metrics.jsonl log (corecpu.reporting.metrics)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from corecpu.metrics import MetricsLog, eval_counts, scores_from_counts
+from corecpu.reporting.metrics_log import MetricsLog
+from corecpu.tasks.classification import eval_counts, scores_from_counts
 
 
 def test_binary_and_macro_f1_from_counts():

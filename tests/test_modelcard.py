@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from corecpu.modelcard import base_model_id, write_model_card
+from corecpu.reporting.model_card import base_model_id, write_model_card
 
 CONFIG = {"model": "default", "data": "train.parquet", "eval_data": "dev.parquet", "batch_size": 16, "grad_accum": 2,
           "lr": 3e-5, "epochs": 3, "max_seq_len": 64, "precision": "bf16"}

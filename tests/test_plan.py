@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from corecpu.errors import CoreCPUError
-from corecpu.plan import Plan, PlanRequest, make_plan
-from corecpu.topology import Libraries, Topology, detect_topology, parse_cpu_list
+from corecpu.cpu.plan import Plan, PlanRequest, make_plan
+from corecpu.cpu.cpulist import parse_cpu_list
+from corecpu.cpu.topology import Libraries, Topology, detect_topology
 
 try:
     from tests.sysfs_fixtures import MACHINES, make_cgroup, make_machine

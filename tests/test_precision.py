@@ -9,11 +9,12 @@ import pytest
 import torch
 from transformers import BertConfig
 
-from corecpu import precision as prec
+from corecpu.compute import precision as prec
+from corecpu.envvars import cache_dir
 from corecpu.errors import CoreCPUError
-from corecpu.hardware import CpuFeatures
-from corecpu.precision import (BF16_MARGIN, CalibrationShapes, PrecisionChoice, agree_precision, cache_key,
-                               decide_precision, default_cache_dir, measure_bf16_speedup, resolve_precision,
+from corecpu.cpu.hardware import CpuFeatures
+from corecpu.compute.precision import (BF16_MARGIN, CalibrationShapes, PrecisionChoice, agree_precision, cache_key,
+                               decide_precision, measure_bf16_speedup, resolve_precision,
                                typical_batch_length)
 
 SPR = CpuFeatures("Intel Xeon Platinum 8480+", frozenset({"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile"}))
@@ -131,9 +132,9 @@ def test_calibration_returns_a_positive_finite_ratio_and_leaves_threads_and_rng_
 # ---------------------------------------------------------------- cache
 
 def test_cache_dir_from_env(tmp_path):
-    assert default_cache_dir({"CORECPU_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"}) == tmp_path / "c"
-    assert default_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "corecpu"
-    assert default_cache_dir({}).parts[-2:] == (".cache", "corecpu")
+    assert cache_dir({"CORECPU_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"}) == tmp_path / "c"
+    assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "corecpu"
+    assert cache_dir({}).parts[-2:] == (".cache", "corecpu")
 
 
 class FakeMeasure:

@@ -7,10 +7,14 @@ from datetime import timedelta
 
 import pytest
 
-from corecpu import lifeline, preempt, watchdog
-from corecpu.dist import resolve_master, store_bind_address
+from corecpu.reliability import lifeline
+
+from corecpu.reliability import preempt
+
+from corecpu.reliability import watchdog
+from corecpu.distributed.process_group import resolve_master, store_bind_address
 from corecpu.errors import CoreCPUError
-from corecpu.watchdog import Beat, diagnose, effective_timeout
+from corecpu.reliability.watchdog import Beat, diagnose, effective_timeout
 
 
 # ---------------------------------------------------------------- preempt

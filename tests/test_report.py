@@ -8,7 +8,7 @@ import pytest
 
 from corecpu.cli import main
 from corecpu.errors import CoreCPUError
-from corecpu.report import load_run, render, summarize
+from corecpu.reporting.run_report import load_run, render, summarize
 
 pytest.importorskip("matplotlib")
 

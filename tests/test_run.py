@@ -11,7 +11,7 @@ import torch
 
 import corecpu
 from corecpu.errors import CoreCPUError
-from corecpu.launch import LaunchRequest, parse_args, plan_launch
+from corecpu.launching.launch import LaunchRequest, parse_args, plan_launch
 
 # One process of one under each launcher: setup() must read the launcher and create no process group.
 LAUNCHER_ENVS = {
@@ -64,7 +64,7 @@ def test_run_is_frozen(clean_env):
     ({"threads": -1}, "threads must be"),
     ({"dist_timeout": 0}, "dist_timeout must be"),
     ({"ipex": "on"}, "ipex must be"),
-    ({"backend": "nccl"}, "unknown backend"),
+    ({"backend": "nccl"}, "backend must be one of"),
 ])
 def test_setup_errors_speak_library_terms(clean_env, kwargs, fragment):
     with pytest.raises(CoreCPUError, match=fragment) as info:
@@ -166,8 +166,7 @@ def test_launch_oversubscription_and_hostfile(tmp_path):
 
 
 def test_cpus_the_launcher_gave_are_known_even_if_torch_came_first(monkeypatch):
-    from corecpu import threads
-
+    from corecpu.cpu import threads
     monkeypatch.setattr(threads, "CPUS_AT_START", frozenset({0, 1, 2, 3}))
     # corecpu.bind said which CPUs this rank has: that wins, whatever was imported first.
     assert threads.launcher_cpus({"CORECPU_BOUND_CPUS": "4-5"}) == (frozenset({4, 5}), None)

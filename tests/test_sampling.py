@@ -1,4 +1,4 @@
-"""Tests for corecpu.sampling: the DDP length-grouped sampler, resume, padding, loaders."""
+"""Tests for corecpu.data.sampling: the DDP length-grouped sampler, resume, padding, loaders."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import random
 import pytest
 from torch.utils.data import DistributedSampler
 
-from corecpu.data import ClassificationData, TokenizedDataset, make_collate, padded_width
-from corecpu.sampling import (
+from corecpu.data.tokenized import TokenizedDataset, make_collate, padded_width
+from corecpu.data.types import ClassificationData
+from corecpu.data.sampling import (
     build_eval_loader,
     build_loader,
     grouped_global_batches,
@@ -18,7 +19,7 @@ from corecpu.sampling import (
     set_epoch,
     steps_per_epoch,
 )
-from corecpu.tasks import paraphrase_dataset
+from corecpu.data.builtin import paraphrase_dataset
 
 
 def random_lengths(n: int, seed: int = 0) -> list[int]:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from corecpu.bind import srun_bound
-from corecpu.dist import master_address
+from corecpu.launching.bind import srun_bound
+from corecpu.distributed.process_group import master_address
 from corecpu.errors import CoreCPUError
-from corecpu.launchers import LaunchInfo, detect_launcher, slurm_master_addr, slurm_master_port
-from corecpu.threads import decide_threads, thread_budget
+from corecpu.cluster.launchers import LaunchInfo, detect_launcher, slurm_master_addr, slurm_master_port
+from corecpu.cpu.threads import decide_threads, thread_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "examples/slurm/train.sbatch"
@@ -132,8 +132,8 @@ def test_smaller_of_cpus_per_task_and_quota_share():
 @pytest.mark.parametrize("bind_type, bound", [("mask_cpu:", True), ("cores", True), ("none", False), ("", False)])
 def test_srun_binding_is_respected_only_when_srun_bound(bind_type, bound):
     env = {"SLURM_CPU_BIND_TYPE": bind_type} if bind_type else {}
-    assert srun_bound("slurm", env) is bound
-    assert srun_bound("intel-mpi", {"SLURM_CPU_BIND_TYPE": "mask_cpu:"}) is False
+    assert srun_bound(LaunchInfo("slurm", 0, 2, 0, 2), env) is bound
+    assert srun_bound(LaunchInfo("intel-mpi", 0, 2, 0, 2), {"SLURM_CPU_BIND_TYPE": "mask_cpu:"}) is False
 
 
 # ---------------------------------------------------------------- the sbatch script through a fake srun
@@ -220,12 +220,13 @@ def test_sbatch_two_nodes_in_network_namespaces(tmp_path, launcher, seen_as):
 
 
 def test_bind_keeps_the_cpus_srun_gave_the_task():
-    from corecpu.bind import BOUND_CPUS_VAR, prepare
-    from corecpu.topology import format_cpu_list
+    from corecpu import envvars
+    from corecpu.launching.bind import prepare
+    from corecpu.cpu.cpulist import format_cpu_list
 
     mine = tuple(sorted(os.sched_getaffinity(0)))  # stands for the mask srun --cpu-bind gave this task
     env = {**srun_task_env(1, 0, 1, SLURM_NTASKS="2", SLURM_STEP_TASKS_PER_NODE="2", SLURM_STEP_NODELIST="node07"),
            "SLURM_CPU_BIND_TYPE": "mask_cpu:", "PATH": os.environ.get("PATH", "")}
     cmd, out_env, cpus, _ = prepare(["--no-membind", "--", "true"], env)
-    assert cmd == ["true"] and cpus == mine and out_env[BOUND_CPUS_VAR] == format_cpu_list(mine)
+    assert cmd == ["true"] and cpus == mine and out_env[envvars.BOUND_CPUS] == format_cpu_list(mine)
     assert int(out_env["OMP_NUM_THREADS"]) <= len(mine)

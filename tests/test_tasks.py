@@ -1,4 +1,4 @@
-"""Tests for corecpu.tasks: the paraphrase benchmark task, task files, length statistics."""
+"""Tests for corecpu.data.builtin: the paraphrase benchmark task, task files, length statistics."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from corecpu.data import default_eval_spec, is_task, load_data, load_file
+from corecpu.data.files import load_file
+from corecpu.data.sources import auto_eval_data, is_task, load_data
 from corecpu.errors import CoreCPUError
-from corecpu.tasks import (
+from corecpu.data.builtin import (
     PARAPHRASE_LABELS,
     format_length_stats,
     length_stats,
@@ -81,7 +82,7 @@ def test_length_stats_histogram():
 
 def test_task_names_and_eval_default():
     assert is_task("paraphrase") and is_task("builtin") and not is_task("train.tsv")
-    assert default_eval_spec("paraphrase") == "paraphrase" and default_eval_spec("data/train") == "none"
+    assert auto_eval_data("paraphrase") == "paraphrase" and auto_eval_data("data/train") == "none"
     ev = load_data("paraphrase", split="eval", label_names=PARAPHRASE_LABELS)
     assert len(ev) == 600 and ev.text_pairs is not None
     with pytest.raises(CoreCPUError, match="--no-header does not apply"):

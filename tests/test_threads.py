@@ -1,9 +1,9 @@
-"""Tier 1: how many threads a rank gets, and why (corecpu.threads)."""
+"""Tier 1: how many threads a rank gets, and why (corecpu.cpu.threads)."""
 
 from __future__ import annotations
 
-from corecpu.launchers import LaunchInfo
-from corecpu.threads import decide_threads
+from corecpu.cluster.launchers import LaunchInfo
+from corecpu.cpu.threads import decide_threads
 
 ALL = frozenset(range(8))
 TWO_LOCAL = LaunchInfo("torchrun", 1, 2, 1, 2)

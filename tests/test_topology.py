@@ -12,7 +12,7 @@ import pytest
 
 from corecpu.cli import main as cli_main
 from corecpu.errors import CoreCPUError
-from corecpu.topology import (
+from corecpu.cpu.topology import (
     detect_topology,
     find_libraries,
     format_cpu_list,
@@ -235,7 +235,7 @@ def test_dangling_symlink_is_not_found(tmp_path):
 
 
 def test_library_search_roots_include_venv_and_multiarch(tmp_path):
-    from corecpu.topology import default_library_dirs
+    from corecpu.cpu.topology import default_library_dirs
 
     dirs = default_library_dirs({"VIRTUAL_ENV": "/venv", "CONDA_PREFIX": "/conda"})
     assert dirs[0] == os.path.join(sys.prefix, "lib")
@@ -312,24 +312,17 @@ def test_cli_quota_via_cgroup_option(machines, capsys, tmp_path):
     assert sum(r["omp_num_threads"] for r in data["ranks"]) <= 2
 
 
-def test_python_m_topology_is_corecpu_plan(machines):
-    root = machines["snc"]
-    out = subprocess.run([sys.executable, "-m", "corecpu.topology", "--sysfs", str(root), "--json"],
-                         cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert [r["numa_node"] for r in json.loads(out)["ranks"]] == [0, 1, 2, 3]
-
-
 def test_cli_bad_numa_node_list(machines, capsys):
     code, _, err = run_cli(["plan", "--sysfs", str(machines["two_socket"]), "--numa-nodes", "a"], capsys)
     assert code == 2 and err == "corecpu: error: bad NUMA node list 'a'; expected e.g. 0 or 0-1\n"
 
 
 def test_read_topology_skips_isa_and_torch(machines):
-    from corecpu.topology import read_topology
+    from corecpu.cpu.topology import read_topology
 
     topo = read_topology(sysfs_root=machines["two_socket"], library_dirs=[], numactl=None)
     assert not topo.isa_known and len(topo.cores) == 8
-    code = "import sys, corecpu.topology as t, corecpu.plan, corecpu.bind; t.read_topology(); print('torch' in sys.modules)"
+    code = "import sys, corecpu.cpu.topology as t, corecpu.cpu.plan, corecpu.bind; t.read_topology(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -340,9 +333,9 @@ def test_read_topology_skips_isa_and_torch(machines):
 def test_pod_cpu_limit_is_the_budget(machines, tmp_path):
     """A pod with `resources.limits.cpu: 4` on a 16-CPU node (CPU manager policy `none`): the
     container sees every CPU, and the kubelet writes the limit to cpu.max as 400000 100000."""
-    from corecpu.launchers import LaunchInfo
-    from corecpu.plan import PlanRequest, make_plan
-    from corecpu.threads import decide_threads, thread_budget
+    from corecpu.cluster.launchers import LaunchInfo
+    from corecpu.cpu.plan import PlanRequest, make_plan
+    from corecpu.cpu.threads import decide_threads, thread_budget
 
     root, proc = make_cgroup(tmp_path, None)
     (root / "cpu.max").write_text("400000 100000\n")

@@ -10,8 +10,8 @@ import types
 import pytest
 
 from corecpu.errors import CoreCPUError
-from corecpu.metrics import MetricsLog
-from corecpu.tracking import (MLflowTracker, WandbTracker, flat_params, mlflow_settings, numeric_items,
+from corecpu.reporting.metrics_log import MetricsLog
+from corecpu.reporting.trackers import (MLflowTracker, WandbTracker, flat_params, mlflow_settings, numeric_items,
                               open_trackers, parse_report_to, rewrite_keys, tensorboard_dir)
 
 CONFIG = {"model": "tiny", "lr": 1e-4, "batch_size": 8, "compile": False, "nested": {"a": 1}}

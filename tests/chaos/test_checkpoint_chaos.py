@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from corecpu import checkpoint_store as store
+from corecpu.training import checkpoint_files as store
 from test_e2e import TINY, launch, records
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from chaoslib import ROOT, TINY, complete_checkpoint, launcher_pid, losses, rank_pids, run, start, survivors, wait_for_step
-from corecpu.preempt import EXIT_STOPPED
+from corecpu.reliability.preempt import EXIT_STOPPED
 
 pytestmark = pytest.mark.chaos
 
@@ -62,7 +62,7 @@ def test_signal_stops_every_rank_with_a_checkpoint(tmp_path, straight, target, s
 def test_second_signal_exits_at_once(tmp_path):
     """The first SIGTERM asks for a stop at the next step boundary; a step that never ends (a peer that
     never answers) must not keep a second SIGTERM from ending the process, even inside a C call."""
-    code = ("import ctypes, sys; from corecpu import preempt; preempt.install(announce=True);"
+    code = ("import ctypes, sys; from corecpu.reliability import preempt; preempt.install(announce=True);"
             "print('ready', flush=True); libc = ctypes.CDLL(None)\n"
             "while True: libc.sleep(1000)  # a step that never reaches its boundary")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -83,7 +83,7 @@ def test_second_signal_exits_at_once(tmp_path):
 
 def test_duplicate_delivery_is_one_signal(tmp_path):
     # Slurm signals every process of a step and the launcher forwards the same signal: one preemption.
-    code = ("import os, signal, time; from corecpu import preempt; preempt.install();"
+    code = ("import os, signal, time; from corecpu.reliability import preempt; preempt.install();"
             "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.3);"
             "print(preempt.stop_requested())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,

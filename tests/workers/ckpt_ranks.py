@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
-from corecpu import checkpoint as ckpt
-from corecpu.dist import distributed
+from corecpu.training import checkpoint as ckpt
+import corecpu
 from corecpu.errors import CoreCPUError
 
 out_dir, result_dir = Path(sys.argv[1]), Path(sys.argv[2])
 result = {}
-with distributed("gloo", 30) as ctx:
+with corecpu.setup(backend="gloo", dist_timeout=30) as ctx:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

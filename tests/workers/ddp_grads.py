@@ -6,8 +6,8 @@ import sys
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from corecpu.dist import distributed
-from corecpu.modeling import tiny_config
+import corecpu
+from corecpu.training.modeling import tiny_config
 from transformers import BertForSequenceClassification
 
 out_path = sys.argv[1]
@@ -26,7 +26,7 @@ def model_and_grads(ids, mask, labels, wrap):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-with distributed("gloo", 30) as ctx:
+with corecpu.setup(backend="gloo", dist_timeout=30) as ctx:
     half = slice(4 * ctx.rank, 4 * ctx.rank + 4)
     ddp = model_and_grads(ids[half], mask[half], labels[half], DDP)
     if ctx.rank == 0:

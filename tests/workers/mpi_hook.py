@@ -17,9 +17,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import BertForSequenceClassification
 
-from corecpu.allreduce import MpiGradientAllreduce
-from corecpu.dist import distributed, gather_objects
-from corecpu.modeling import tiny_config
+from corecpu.distributed.allreduce import MpiGradientAllreduce
+import corecpu
+from corecpu.distributed.process_group import gather_objects
+from corecpu.training.modeling import tiny_config
 
 MODE = sys.argv[1]
 ACCUM = 2
@@ -85,9 +86,9 @@ def side_checks(comm: MpiGradientAllreduce, world: int) -> dict[str, bool]:
 
 
 def compare(out_path: str) -> None:
-    with distributed("gloo", 60) as ctx:
+    with corecpu.setup(backend="gloo", dist_timeout=60) as ctx:
         gloo, _ = train(ctx.rank, None)
-        with MpiGradientAllreduce(ctx.info) as comm:
+        with MpiGradientAllreduce(ctx.launch) as comm:
             mpi, calls = train(ctx.rank, comm)
             checks = side_checks(comm, ctx.world_size)
         torch.manual_seed(1)
@@ -112,8 +113,8 @@ def compare(out_path: str) -> None:
 
 
 def die(how: str) -> None:
-    with distributed("gloo", 60) as ctx:
-        comm = MpiGradientAllreduce(ctx.info)
+    with corecpu.setup(backend="gloo", dist_timeout=60) as ctx:
+        comm = MpiGradientAllreduce(ctx.launch)
         if ctx.rank == 1:
             real, seen = comm._reduce, []
 

@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from corecpu.data import load_data
-from corecpu.dist import distributed
-from corecpu.modeling import load_tokenizer
-from corecpu.tokencache import tokenize_cached
+from corecpu.data.sources import load_data
+import corecpu
+from corecpu.training.modeling import load_tokenizer
+from corecpu.data.tokencache import tokenize_cached
 
 out, cache_dir, spec = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 tokenizer = load_tokenizer("tiny")
@@ -19,9 +19,9 @@ calls = []
 original = type(tokenizer).__call__
 type(tokenizer).__call__ = lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
 
-with distributed("gloo", 60) as ctx:
+with corecpu.setup(backend="gloo", dist_timeout=60) as ctx:
     data = load_data(spec, split="train")
-    ds = tokenize_cached(data, tokenizer, 32, cache_dir, local_rank=ctx.info.local_rank)
+    ds = tokenize_cached(data, tokenizer, 32, cache_dir, local_rank=ctx.launch.local_rank)
     digest = hashlib.sha256(json.dumps([ds.input_ids, ds.token_type_ids, ds.labels]).encode()).hexdigest()
     result = {"rank": ctx.rank, "tokenized": len(calls), "digest": digest, "n": len(ds),
               "cached_type": type(ds).__name__}

@@ -1,0 +1,5 @@
+"""Which launcher started this process and what it says about the job: rank, world size, local
+ranks, where rank 0 is, and the launcher's facts (MPI world, Slurm task), as small classes.
+
+May import: corecpu.errors, corecpu.envvars. Torch-free.
+"""

@@ -1,0 +1,77 @@
+"""This node's plan and one rank's share of it: the one planning path for `corecpu.bind` (before
+torch loads), `corecpu.setup()` (ranks nobody bound) and the MPI all-reduce (wait mode).
+
+`NodePlan` computes it at most once per process, and only when something asks.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import replace
+from typing import Mapping
+
+from corecpu import envvars
+from corecpu.cluster.launchers import LaunchInfo
+from corecpu.cpu.cpulist import format_cpu_list
+from corecpu.cpu.hardware import ccl_installed
+from corecpu.cpu.plan import Plan, PlanRequest, RankPlan, make_plan
+from corecpu.cpu.topology import Topology, read_topology
+
+
+def plan_backend(environ: Mapping[str, str]) -> str:
+    """The backend the plan reserves cores for: the one the launcher was asked for (CORECPU_BACKEND)."""
+    asked = environ.get(envvars.BACKEND, "auto")
+    if asked == "auto":
+        return "ccl" if ccl_installed() else "gloo"
+    return "ccl" if asked == "ccl" else "gloo"
+
+
+def plan_rank(info: LaunchInfo, environ: Mapping[str, str], topology: Topology | None = None,
+              request: PlanRequest | None = None) -> tuple[Plan, RankPlan]:
+    """This node's plan and this rank's share of it: the one planning path for `bind` and `corecpu.setup()`."""
+    if request is None:
+        request = PlanRequest(backend=plan_backend(environ))
+    # The launcher decides how many ranks exist; the plan can only make them fit.
+    request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
+    if topology is None:
+        topology = read_topology(allowed_from_cpuset=True, env=environ)
+    plan = make_plan(topology, request)
+    return plan, plan.ranks[info.local_rank]
+
+
+def rank_environment(plan: Plan, rank: RankPlan, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` plus what the plan sets for this rank (threads, affinity variables, allocator, notes)."""
+    env = dict(environ)
+    for key, value in plan.env.items():
+        if key == "LD_PRELOAD":
+            # Keep whatever the user preloads; ours first so the allocator wins.
+            existing = [p for p in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+            value = ":".join(dict.fromkeys(value.split(":") + existing))
+        env[key] = value
+    env["OMP_NUM_THREADS"] = str(rank.omp_num_threads)
+    env[envvars.BOUND_CPUS] = format_cpu_list(rank.cpus)
+    if plan.warnings or plan.notes:
+        env[envvars.PLAN_NOTE] = "; ".join(plan.warnings + plan.notes)
+    return env
+
+
+class NodePlan:
+    """This node's plan for the rank `info` describes, computed on first use and then kept."""
+
+    def __init__(self, info: LaunchInfo, environ: Mapping[str, str]) -> None:
+        self.info, self.environ = info, environ
+
+    @functools.cached_property
+    def for_rank(self) -> tuple[Plan, RankPlan] | None:
+        """(plan, this rank's share), or None when planning failed (said once on stderr)."""
+        try:
+            return plan_rank(self.info, self.environ)
+        except Exception as exc:  # planning is an optimisation in a running rank, never a reason to stop
+            print(f"corecpu: warning: could not plan CPU binding ({exc}); dividing cores evenly", file=sys.stderr)
+            return None
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The plan's environment for every rank (I_MPI_WAIT_MODE, ...); empty without a plan."""
+        return self.for_rank[0].env if self.for_rank else {}

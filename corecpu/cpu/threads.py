@@ -1,0 +1,194 @@
+"""Threads and CPU binding for one rank, decided before torch starts its thread pools.
+
+launch.sh binds each rank through `python -m corecpu.bind` before Python even
+imports torch. Other launchers differ: torchrun binds nothing and sets
+OMP_NUM_THREADS=1; ipexrun and Intel MPI pin each rank to its own CPUs. The
+rule here: respect a binding someone else made, and where nobody bound this
+rank, plan this node's cores (the same plan `bind` makes) and bind in-process,
+so that ranks never all run on every core.
+
+The user need not import corecpu before torch: the CPUs a rank was given are
+known from CORECPU_BOUND_CPUS (bind), or from the affinity at `import corecpu`,
+or from the affinity now. Only when torch loaded first *and* an OpenMP binding
+variable was set (libgomp then pins the loading thread to one CPU) is the
+original set lost; `launcher_cpus` says so.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from corecpu import envvars
+from corecpu.cluster.launchers import LaunchInfo
+from corecpu.cpu.cgroups import quota_threads, read_cpu_quota, read_cpuset
+from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
+from corecpu.cpu.node_plan import NodePlan
+
+BOUND_VAR, PLAN_NOTE_VAR, DECISION_VAR = envvars.BOUND_CPUS, envvars.PLAN_NOTE, envvars.THREADS_DECISION
+
+# Read at `import corecpu` (the package imports this module): with OMP_PROC_BIND set (by
+# ipexrun, or by corecpu.bind's plan) libgomp pins the loading thread to the first of the
+# rank's CPUs as torch loads, and the set the launcher gave the rank is no longer visible.
+CPUS_AT_START = frozenset(os.sched_getaffinity(0))
+TORCH_LOADED_FIRST = "torch" in sys.modules
+_OMP_BINDING_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
+
+
+def launcher_cpus(env: Mapping[str, str] = os.environ) -> tuple[frozenset[int], str | None]:
+    """The CPUs the launcher gave this process, and a warning when they can no longer be known."""
+    if env.get(BOUND_VAR):
+        return frozenset(parse_cpu_list(env[BOUND_VAR])), None
+    if TORCH_LOADED_FIRST and any(env.get(v) for v in _OMP_BINDING_VARS):
+        bound = [v for v in _OMP_BINDING_VARS if env.get(v)]
+        return CPUS_AT_START, (f"torch was imported before corecpu with {bound[0]} set, so OpenMP may already have "
+                               f"pinned this process to {len(CPUS_AT_START)} CPU(s); import corecpu first, or start "
+                               "the rank through corecpu.bind (launch.sh does)")
+    return CPUS_AT_START, None
+
+
+@dataclass(frozen=True)
+class ThreadDecision:
+    threads: int
+    bind_to: frozenset[int] | None  # CPUs to bind this process to in-process, if any
+    reason: str
+
+
+def thread_budget(env: Mapping[str, str], info: LaunchInfo, quota_threads: int | None) -> tuple[int | None, str]:
+    """Pure. The most busy threads one rank should run, and why; (None, "") when nothing limits it.
+
+    Slurm's --cpus-per-task is per task: per rank under srun, and under mpirun inside the
+    allocation (one rank per task). Not under torchrun, whose one task holds all local
+    ranks; its affinity already says what the task got. A cgroup CPU quota (a Kubernetes pod's CPU limit,
+    cpu.max) is shared by every rank in the container, so each gets its share of it: more
+    threads than the quota sustains only get throttled.
+    """
+    limits: list[tuple[int, str]] = []
+    cpus_per_task = env.get("SLURM_CPUS_PER_TASK", "")
+    if cpus_per_task.isdigit() and int(cpus_per_task) > 0 and info.cpus_per_task_per_rank:
+        limits.append((int(cpus_per_task), f"SLURM_CPUS_PER_TASK={cpus_per_task}"))
+    if quota_threads is not None:
+        share = max(1, quota_threads // info.local_world_size)
+        limits.append((share, f"the cgroup CPU quota ({quota_threads} CPU(s) for {info.local_world_size} local rank(s))"))
+    return min(limits) if limits else (None, "")
+
+
+def decide_threads(
+    requested: int,
+    env: Mapping[str, str],
+    affinity: frozenset[int],
+    unbound_set: frozenset[int],
+    info: LaunchInfo,
+    planned_cpus: frozenset[int] | None,
+    budget: tuple[int | None, str] = (None, ""),
+) -> ThreadDecision:
+    """Pure. `unbound_set` is what an unbound process may use (container cpuset or all online CPUs);
+    `planned_cpus` is this rank's share from the topology plan, computed by the caller; `budget`
+    is thread_budget()'s answer, which caps every rule but an explicit --threads."""
+    if requested > 0:
+        return ThreadDecision(requested, None, "--threads")
+    decision = _decide_from_binding(env, affinity, unbound_set, info, planned_cpus)
+    limit, why = budget
+    if limit is not None and decision.threads > limit:
+        return ThreadDecision(limit, decision.bind_to, f"{decision.reason}; capped at {limit} by {why}")
+    return decision
+
+
+def _decide_from_binding(
+    env: Mapping[str, str],
+    affinity: frozenset[int],
+    unbound_set: frozenset[int],
+    info: LaunchInfo,
+    planned_cpus: frozenset[int] | None,
+) -> ThreadDecision:
+    if env.get(BOUND_VAR):
+        omp = env.get("OMP_NUM_THREADS", "")
+        return ThreadDecision(int(omp) if omp.isdigit() and int(omp) > 0 else len(affinity), None, "bound by corecpu.bind")
+    if affinity < unbound_set:
+        # Someone (ipexrun, Intel MPI's pinning, numactl, taskset) gave this rank its own CPUs.
+        return ThreadDecision(len(affinity), None, f"launcher bound this rank to {len(affinity)} CPU(s)")
+    if info.local_world_size == 1:
+        return ThreadDecision(len(affinity), None, "only rank on this host")
+    if planned_cpus:
+        return ThreadDecision(len(planned_cpus), planned_cpus, "planned and bound in-process")
+    share = max(1, len(affinity) // info.local_world_size)
+    return ThreadDecision(share, None, "cores divided by local ranks")
+
+
+def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int] | None = None,
+                      node: NodePlan | None = None) -> ThreadDecision:
+    """Apply decide_threads to this process. Call before any torch operation runs. `node` is this
+    node's plan, shared with whoever else needs it (computed here only if this rank must be bound)."""
+    if affinity is None:
+        affinity, _ = launcher_cpus()
+    online = _online_cpus() or affinity
+    cpuset = read_cpuset()
+    unbound = frozenset(cpuset) if cpuset else online
+    planned = None
+    if requested <= 0 and not os.environ.get(BOUND_VAR) and not affinity < unbound and info.local_world_size > 1:
+        share = (node or NodePlan(info, os.environ)).for_rank
+        planned = frozenset(share[1].cpus) if share else None
+    budget = thread_budget(os.environ, info, quota_threads(read_cpu_quota()))
+    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned, budget)
+    if decision.bind_to:
+        os.sched_setaffinity(0, decision.bind_to)
+    os.environ["OMP_NUM_THREADS"] = str(decision.threads)
+    os.environ[DECISION_VAR] = decision.reason
+    import torch  # here, not at the top: corecpu.cpu stays importable before torch (corecpu.bind)
+
+    torch.set_num_threads(decision.threads)
+    return decision
+
+
+def _online_cpus() -> frozenset[int] | None:
+    try:
+        return frozenset(parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def process_cpus() -> list[int]:
+    """CPUs this process runs on: the union over its threads, since OpenMP may bind each
+    thread to one CPU of the rank's set (sched_getaffinity(0) sees only the calling thread)."""
+    cpus: set[int] = set()
+    for status in Path("/proc/self/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("Cpus_allowed_list:"):
+                    cpus |= set(parse_cpu_list(line.split(":", 1)[1].strip()))
+        except OSError:
+            continue  # the thread exited while we looked
+    return sorted(cpus or os.sched_getaffinity(0))
+
+
+def binding_report() -> dict:
+    """What this rank actually runs on, as seen from inside it (for OUTPUT_DIR/topology.json)."""
+    import torch  # as in configure_threads: keep corecpu.cpu torch-free at import
+
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "cpus": process_cpus(),
+        "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "binding": os.environ.get(DECISION_VAR, "not configured"),
+        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "plan_note": os.environ.get(PLAN_NOTE_VAR),
+    }
+
+
+def threads_warning(requested: int, rank_cpus: frozenset[int] | set[int]) -> str | None:
+    """A warning when more compute threads are asked for than this rank has CPUs; None otherwise.
+
+    Threads beyond the CPUs take turns on them and every OpenMP barrier waits for the slowest
+    turn: 25x slower was measured with threads= far above a rank's cores. A warning, not an
+    error, because oversubscribing on purpose (for a test) is legitimate.
+    """
+    if requested <= len(rank_cpus) or not rank_cpus:
+        return None
+    return (f"{requested} threads requested but this rank has {len(rank_cpus)} CPU(s) ({format_cpu_list(sorted(rank_cpus))}): "
+            f"threads will share CPUs and run much slower; use threads={len(rank_cpus)} or fewer (0: one per CPU)")

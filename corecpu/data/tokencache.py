@@ -1,0 +1,124 @@
+"""Tokenize once per host: local rank 0 tokenizes and caches, the other local ranks load the cache.
+
+The cache file is named by a hash of the examples, the tokenizer (its full serialized
+form, not its path) and max_seq_len, so a change to any of them is a miss, never a
+stale hit. Files are written atomically (temp + rename), so hosts sharing a filesystem,
+or a crash mid-write, cannot leave a torn file. If the cache cannot be written or read,
+each rank tokenizes for itself: slower, never wrong.
+
+    train_set = tokenize_cached(train_data, tokenizer, cfg.max_seq_len, Path(cfg.output_dir) / "cache",
+                                local_rank=ctx.info.local_rank)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from corecpu.data.tokenized import TokenizedDataset
+from corecpu.data.types import ClassificationData
+from corecpu.distributed.process_group import barrier
+
+FORMAT_VERSION = 1
+
+
+def data_fingerprint(data: ClassificationData) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(data.label_names).encode())
+    for i, text in enumerate(data.texts):
+        pair = data.text_pairs[i] if data.text_pairs is not None else ""
+        h.update(f"{len(text)}:{text}\x1f{len(pair)}:{pair}\x1f{data.labels[i]}\x1e".encode())
+    h.update(b"pairs" if data.text_pairs is not None else b"single")
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()  # vocabulary, normalizer, pre-tokenizer, post-processor: all that decides ids
+    else:
+        text = json.dumps(sorted(tokenizer.get_vocab().items())) + json.dumps(tokenizer.special_tokens_map, default=str)
+    extra = f"{type(tokenizer).__name__}|{getattr(tokenizer, 'truncation_side', 'right')}"
+    return hashlib.blake2b((text + extra).encode(), digest_size=16).hexdigest()
+
+
+def cache_path(cache_dir: Path, data: ClassificationData, tokenizer: Any, max_seq_len: int) -> Path:
+    key = hashlib.blake2b(f"{FORMAT_VERSION}|{data_fingerprint(data)}|{tokenizer_fingerprint(tokenizer)}|"
+                          f"{max_seq_len}".encode(), digest_size=12).hexdigest()
+    return cache_dir / f"tokenized-{key}.pt"
+
+
+class CachedTokenizedDataset(TokenizedDataset):
+    """A TokenizedDataset rebuilt from a cache file instead of by tokenizing."""
+
+    def __init__(self, state: dict[str, Any], tokenizer: Any, max_seq_len: int) -> None:  # noqa: D107 - no super()
+        lengths = state["lengths"].tolist()
+        self.input_ids = [t.tolist() for t in state["input_ids"].split(lengths)]
+        types = state["token_type_ids"]
+        self.token_type_ids = None if types is None else [t.tolist() for t in types.split(lengths)]
+        self.labels = list(state["labels"])
+        self.label_names = list(state["label_names"])
+        self.tokenizer = tokenizer
+        self.max_seq_len = max_seq_len  # part of the cache key: the same as when it was written
+        self.num_at_max_len = int(state["num_at_max_len"])
+
+
+def _state(ds: TokenizedDataset) -> dict[str, Any]:
+    flat = lambda rows: torch.tensor([x for r in rows for x in r], dtype=torch.int32)  # noqa: E731
+    return {"version": FORMAT_VERSION, "lengths": torch.tensor([len(r) for r in ds.input_ids], dtype=torch.int64),
+            "input_ids": flat(ds.input_ids), "token_type_ids": None if ds.token_type_ids is None else flat(ds.token_type_ids),
+            "labels": list(ds.labels), "label_names": list(ds.label_names), "num_at_max_len": ds.num_at_max_len}
+
+
+def _write(path: Path, ds: TokenizedDataset) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save(_state(ds), tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read(path: Path, tokenizer: Any, max_seq_len: int) -> TokenizedDataset | None:
+    try:
+        state = torch.load(path, weights_only=True)
+        return CachedTokenizedDataset(state, tokenizer, max_seq_len) if state.get("version") == FORMAT_VERSION else None
+    except Exception:  # noqa: BLE001 - a torn pickle fails in many ways; any of them means tokenize instead
+        return None
+
+
+def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, cache_dir: Path | None,
+                    local_rank: int, wait: Callable[[], None] = barrier) -> TokenizedDataset:
+    """The tokenized dataset; every rank must call this (it waits for all ranks once).
+
+    Local rank 0 of each host reads the cache or tokenizes and writes it; after `wait`
+    the other local ranks read what it wrote. cache_dir None: tokenize, no cache.
+    """
+    if cache_dir is None:
+        return TokenizedDataset(data, tokenizer, max_seq_len)
+    path = cache_path(Path(cache_dir), data, tokenizer, max_seq_len)
+    ds = None
+    if local_rank == 0:
+        ds = _read(path, tokenizer, max_seq_len) if path.exists() else None
+        if ds is None:
+            try:
+                ds = TokenizedDataset(data, tokenizer, max_seq_len)
+            except Exception:
+                wait()  # release the other local ranks: they hit the same error tokenizing for themselves
+                raise
+            try:
+                _write(path, ds)
+            except OSError as exc:
+                print(f"note: cannot write the tokenization cache {path} ({exc.strerror}); every rank tokenizes",
+                      file=sys.stderr, flush=True)
+    wait()
+    if ds is None:
+        ds = _read(path, tokenizer, max_seq_len)
+    return ds if ds is not None else TokenizedDataset(data, tokenizer, max_seq_len)

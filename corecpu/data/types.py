@@ -1,0 +1,21 @@
+"""Labelled examples: the type every data source returns. Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ClassificationData:
+    texts: list[str]
+    text_pairs: list[str] | None
+    labels: list[int]
+    label_names: list[str]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)

@@ -1,0 +1,9 @@
+"""The process group (rendezvous with a bounded start-up, backend choice, teardown, small
+collectives) and the gradient all-reduce paths DDP can use.
+
+May import: corecpu.errors, corecpu.envvars, corecpu.cluster, corecpu.cpu; torch.
+"""
+
+# The choices this subpackage offers, defined once: setup(), the CLI and the planners read them here.
+BACKENDS = ("auto", "gloo", "ccl", "mpi")  # the process group
+ALLREDUCE_CHOICES = ("auto", "gloo", "mpi")  # DDP's gradient buckets

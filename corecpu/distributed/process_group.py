@@ -1,0 +1,361 @@
+"""Process-group set-up and teardown for whatever launcher started us.
+
+Start-up and steady state get different timeouts: gloo's default of 30 minutes
+means a rank that never arrives (wrong MASTER_ADDR, a crashed host) hangs the
+job for half an hour before anyone hears of it. Rendezvous therefore goes
+through a TCPStore with a short, configurable timeout and an error that says
+what is missing; collectives keep a long one, because rank 0 writing a
+checkpoint legitimately keeps the others waiting at a barrier (after the first
+step corecpu.reliability.watchdog lowers it).
+
+Start-up is bounded by the wall clock, not by TCPStore's own timeouts: the name
+is resolved first, the other ranks wait for rank 0's port in Python (one
+attempt, retried until the deadline), and the store and process group are made
+in a thread that is abandoned at the deadline (a TCPStore client talking to some
+other program's listener waits forever). c10d's C++ logging is silenced for the
+duration. Rank 0 opens the listening socket itself, so when every rank is on
+this host the store listens on MASTER_ADDR (loopback) only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from corecpu.distributed import BACKENDS
+from corecpu.errors import CoreCPUError
+from corecpu.cpu.hardware import ccl_status
+from corecpu.cluster.launchers import LaunchInfo, detect_launcher
+
+log = logging.getLogger("corecpu")
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_STARTUP_TIMEOUT_S = 120.0
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    """What init_distributed made. Who this rank is stays in LaunchInfo (and Run), not here."""
+
+    backend: str  # "none" for a single process without a process group
+    backend_reason: str
+    master_addr: str
+    master_port: int
+    # The rendezvous store (a TCPStore served by rank 0): the watchdog publishes heartbeats in it.
+    store: Any = field(default=None, compare=False, repr=False)
+
+
+def choose_backend(requested: str) -> tuple[str, str]:
+    """The backend to use and why. Asking for one that cannot work is an error, never a silent fallback."""
+    if requested not in BACKENDS:
+        raise CoreCPUError(f"unknown backend {requested!r}; use one of: {', '.join(BACKENDS)}")
+    if requested == "gloo":
+        return "gloo", "requested"
+    if requested == "mpi":
+        if not dist.is_mpi_available():
+            raise CoreCPUError(
+                "--backend mpi needs a PyTorch built with MPI, and this one is not; use --backend gloo or auto"
+            )
+        return "mpi", "requested"
+    ccl = ccl_status()
+    if requested == "ccl":
+        if not ccl.usable:
+            raise CoreCPUError(
+                f"--backend ccl needs oneccl_bindings_for_pytorch matching torch ({ccl.reason}); use --backend gloo or auto"
+            )
+        return "ccl", ccl.reason
+    if ccl.usable:
+        return "ccl", ccl.reason
+    return "gloo", f"{ccl.reason}; gloo is PyTorch's built-in CPU backend"
+
+
+def master_address(env: Mapping[str, str], info: LaunchInfo) -> tuple[str, int]:
+    """MASTER_ADDR/PORT; else the launcher's hints (Slurm's node list and job id); else
+    this host when every rank is on it."""
+    addr = env.get("MASTER_ADDR", "") or info.master_addr or ""
+    if not addr:
+        if info.local_world_size < info.world_size:
+            raise CoreCPUError(
+                f"MASTER_ADDR is not set but the {info.world_size} ranks span several hosts; "
+                "export MASTER_ADDR=<address of the rank-0 host> (launch.sh -f HOSTFILE sets it)"
+            )
+        addr = "127.0.0.1"
+    default_port = DEFAULT_MASTER_PORT if info.master_port is None else info.master_port
+    port_text = env.get("MASTER_PORT") or str(default_port)
+    try:
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise CoreCPUError(f"MASTER_PORT={port_text!r} is not a TCP port; export MASTER_PORT=<1-65535>") from None
+    return addr, port
+
+
+def _iface_addresses() -> dict[str, str]:
+    """IPv4 address of each interface, by name (SIOCGIFADDR: no extra dependency, no subprocess)."""
+    out: dict[str, str] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+            except OSError:
+                continue  # interface without an IPv4 address
+            out[name] = socket.inet_ntoa(packed[20:24])
+    return out
+
+
+def route_interface(master_addr: str) -> str | None:
+    """Name of the interface this host would use to reach `master_addr`.
+
+    A UDP connect() only consults the routing table; it sends nothing.
+    """
+    try:
+        target = socket.gethostbyname(master_addr)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((target, 9))
+            local_ip = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, ip in _iface_addresses().items():
+        if ip == local_ip:
+            return name
+    return None
+
+
+def _pin_gloo_interface(env: MutableMapping[str, str], master_addr: str) -> None:
+    # gloo otherwise binds to whatever the hostname resolves to, which in
+    # containers and namespaces is often an address the peers cannot reach.
+    if env.get("GLOO_SOCKET_IFNAME"):
+        return
+    iface = route_interface(master_addr)
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+        log.debug("gloo uses interface %s (the route to %s)", iface, master_addr)
+
+
+STARTUP_GRACE_S = 5.0  # on top of dist_timeout: the deadline no peer, listener or C++ retry loop can extend
+
+
+def resolve_master(addr: str) -> str:
+    """MASTER_ADDR as an IP address; a name that does not resolve is the user's to fix, so say that."""
+    try:
+        infos = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise CoreCPUError(f"MASTER_ADDR {addr!r} does not resolve ({exc.strerror}); "
+                           "export MASTER_ADDR=<rank 0's host name or IP address>") from None
+    # IPv4 first: gloo's interface pinning and most cluster networks speak it.
+    infos.sort(key=lambda info: info[0] != socket.AF_INET)
+    return str(infos[0][4][0])
+
+
+def store_bind_address(master_ip: str, all_local: bool) -> str:
+    """Where rank 0's store listens: only MASTER_ADDR when every rank is on this host (normally loopback,
+    unreachable from the network); every interface otherwise, since the peers' route to MASTER_ADDR may
+    arrive on an address this host knows by another name (NAT, /etc/hosts mapping the hostname to 127.0.1.1)."""
+    if all_local:
+        return master_ip
+    return "::" if ":" in master_ip else "0.0.0.0"
+
+
+def _listen(bind_ip: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT may linger
+    try:
+        sock.bind((bind_ip, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _probe(ip: str, port: int, deadline: float) -> str | None:
+    """Wait until something accepts TCP connections at ip:port. None on success, else the last error.
+
+    Rank 0 may start seconds after the others, so a refused connection is retried until the deadline; this
+    replaces TCPStore's own connect loop, which retries once more after its timeout and logs C++ frames.
+    """
+    last = "no answer"
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return last
+        try:
+            with socket.create_connection((ip, port), timeout=min(remaining, 5.0)):
+                return None
+        except ConnectionRefusedError:
+            last = "connection refused: nothing listens there"
+        except socket.timeout:
+            last = "no answer: a firewall may drop the packets"
+        except OSError as exc:
+            last = exc.strerror or type(exc).__name__
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence fd 2 for a block: c10d logs each failed attempt with ~20 lines of C++ frames before Python
+    even sees the exception; the error corecpu raises afterwards says all that matters in one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def call_within(seconds: float, fn: Callable[[], T]) -> tuple[bool, T | None, BaseException | None]:
+    """Run `fn` in a daemon thread for at most `seconds`: (finished, result, exception).
+
+    A TCPStore client talking to a listener that is not a TCPStore waits for an answer forever, whatever its
+    timeout says; only abandoning the thread bounds that. It stays blocked in C++ until the process exits.
+    """
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001  (handed to the caller)
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="corecpu-rendezvous", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        return False, None, None
+    return True, box.get("result"), box.get("error")  # type: ignore[return-value]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _connect(info: LaunchInfo, pg: ProcessGroup, ip: str, startup_timeout_s: float, all_local: bool, backend: str,
+             agent_store: bool) -> dist.Store:
+    """Store and process group, within startup_timeout_s + STARTUP_GRACE_S whatever the peers do.
+
+    `agent_store`: torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; every rank is its client.
+    """
+    where = f"{pg.master_addr}:{pg.master_port}"
+    deadline = time.monotonic() + startup_timeout_s
+    listen_fd: int | None = None
+    serve = info.rank == 0 and not agent_store
+    if serve:
+        try:
+            listen_fd = _listen(store_bind_address(ip, all_local), pg.master_port).detach()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CoreCPUError(f"MASTER_PORT {pg.master_port} is already in use on this host; "
+                                   "export MASTER_PORT=<a free port> (launch.sh picks one when it is unset)") from None
+            raise CoreCPUError(f"rank 0 cannot listen on {where} ({exc.strerror}); "
+                               "check that MASTER_ADDR names this host") from None
+    else:
+        problem = _probe(ip, pg.master_port, deadline)
+        if problem is not None:
+            server = "torchrun's store" if agent_store else "rank 0"
+            raise CoreCPUError(f"rank {info.rank} could not reach {server} at {where} within {startup_timeout_s:g}s "
+                               f"({problem}); check MASTER_ADDR/MASTER_PORT and that rank 0 is running, "
+                               "or raise --dist-timeout")
+    stage = {"store": False}
+
+    def rendezvous() -> dist.Store:
+        remaining = timedelta(seconds=max(1.0, deadline - time.monotonic()))
+        store = dist.TCPStore(ip, pg.master_port, info.world_size, is_master=serve, timeout=remaining,
+                              wait_for_workers=True, master_listen_fd=listen_fd)
+        stage["store"] = True
+        dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
+                                timeout=COLLECTIVE_TIMEOUT)
+        return store
+
+    with _quiet_stderr():
+        finished, store, error = call_within(deadline - time.monotonic() + STARTUP_GRACE_S, rendezvous)
+    if finished and error is None:
+        return store  # type: ignore[return-value]
+    cause = f" ({_first_line(error)})" if error is not None else ""
+    if not serve and not stage["store"]:
+        raise CoreCPUError(f"rank {info.rank} reached {where} but no corecpu rank 0 answered there within "
+                           f"{startup_timeout_s:g}s{cause}: another program may be listening on MASTER_PORT; "
+                           "export MASTER_PORT=<a free port>")
+    raise CoreCPUError(f"rank {info.rank} waited {startup_timeout_s:g}s at {where} but not all {info.world_size} ranks "
+                       f"arrived{cause}; check that every rank was started with the same MASTER_ADDR/MASTER_PORT, "
+                       "or raise --dist-timeout")
+
+
+def init_distributed(
+    backend: str = "auto",
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    env: MutableMapping[str, str] | None = None,
+    info: LaunchInfo | None = None,
+) -> ProcessGroup:
+    """For more than one rank, create the process group. `info` is the launcher detected once by the
+    caller (corecpu.setup); without it the environment is read here.
+
+    Gives up within `startup_timeout_s` (+ a few seconds) whatever the peers do, with one line."""
+    env = os.environ if env is None else env
+    if startup_timeout_s <= 0:
+        raise CoreCPUError(f"dist_timeout must be positive, got {startup_timeout_s:g} seconds")
+    info = detect_launcher(env) if info is None else info
+    chosen, reason = choose_backend(backend)
+    if not info.distributed:
+        return ProcessGroup("none", "single process", "", 0)
+    addr, port = master_address(env, info)
+    # Export what was derived, so anything else reading the env:// protocol agrees.
+    env.setdefault("MASTER_ADDR", addr)
+    env.setdefault("MASTER_PORT", str(port))
+    pg = ProcessGroup(chosen, reason, addr, port)
+    ip = resolve_master(addr)
+    if chosen == "ccl":
+        import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
+    if chosen == "gloo":
+        _pin_gloo_interface(env, addr)
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # as torch's own env:// rendezvous reads it
+    store = _connect(info, pg, ip, startup_timeout_s, info.local_world_size == info.world_size, chosen, agent_store)
+    return replace(pg, store=store)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Sum a few scalars over all ranks in one collective (no-op for one process)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather_objects(obj: object) -> list:
+    """Every rank's `obj`, in rank order, on every rank (a one-element list for one process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()

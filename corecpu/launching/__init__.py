@@ -1,0 +1,6 @@
+"""Starting ranks: `corecpu launch` / launch.sh (launch), the per-rank exec wrapper that binds
+before torch loads (bind), and the install-time CUDA-build notice (install).
+
+May import: corecpu.errors, corecpu.envvars, corecpu.cluster, corecpu.cpu, corecpu.reliability.lifeline.
+Torch-free.
+"""

@@ -1,0 +1,144 @@
+"""Pin this rank to its CPUs, then exec the real command.
+
+    python -m corecpu.bind [plan options] -- CMD ARGS...
+
+It runs once per rank, after the launcher (mpirun, srun, torchrun) has started
+the process and before torch exists in it: OpenMP sizes its thread pool and
+reads the affinity mask when torch loads, so pinning afterwards is too late.
+Each node plans from its own topology, so nodes of different shapes each get a
+plan that fits them (a -genv'd I_MPI_PIN_DOMAIN from the head node would not).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Mapping, NoReturn, Sequence
+
+from corecpu import envvars
+from corecpu.cluster.launchers import LaunchInfo, detect_launcher
+from corecpu.cpu.node_plan import plan_backend, plan_rank, rank_environment
+from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
+from corecpu.cpu.topology import add_detection_arguments, topology_from_args
+from corecpu.errors import CoreCPUError, run_cli
+from corecpu.reliability.lifeline import die_with_parent
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m corecpu.bind",
+        description="Pin this rank's CPUs and memory from the node's plan, then exec CMD.",
+        usage="python -m corecpu.bind [options] -- CMD [ARGS...]",
+    )
+    add_request_arguments(parser, nproc_help="ranks on this node (default: the launcher's local world size)")
+    add_detection_arguments(parser)
+    parser.add_argument("--no-membind", action="store_true", help="do not bind memory with numactl")
+    return parser
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    argv = list(argv)
+    if "--" not in argv:
+        raise CoreCPUError("no command to run; put it after --, e.g. python -m corecpu.bind -- python train.py")
+    i = argv.index("--")
+    options, cmd = argv[:i], argv[i + 1:]
+    if not cmd:
+        raise CoreCPUError("no command after --; e.g. python -m corecpu.bind -- python train.py")
+    return options, cmd
+
+
+def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], dict[str, str], tuple[int, ...], list[str]]:
+    """Plan for this rank: (command to exec, its environment, CPUs to pin, lines for stderr).
+
+    Kept free of side effects so it can be tested without exec'ing anything.
+    """
+    options, cmd = split_command(argv)
+    args = build_parser().parse_args(options)
+    info = detect_launcher(environ)
+    request = request_from_args(args)
+    if args.backend is None:  # what the user asked the launcher for (./launch.sh 2 --backend ccl)
+        request = replace(request, backend=plan_backend(environ))
+    if request.nproc != "auto" and request.nproc != info.local_world_size and not info.launched:
+        raise CoreCPUError(
+            f"--nproc {request.nproc} but no launcher started this process, so it is 1 rank; "
+            "run it under mpirun, srun or torchrun, or drop --nproc"
+        )
+    if request.nproc != "auto" and request.nproc != info.local_world_size:
+        raise CoreCPUError(
+            f"--nproc {request.nproc} but {info.launcher} started {info.local_world_size} rank(s) on this node; "
+            "drop --nproc or start the same number of ranks"
+        )
+    # A launcher may have pinned us already (Open MPI binds to a core for np <= 2,
+    # Intel MPI to its domain): plan from the cgroup's CPUs, not that narrowed mask.
+    # srun --cpu-bind is the exception: Slurm gave this task its CPUs on purpose, so the
+    # plan covers this rank alone on them (threads, memory node, OMP places).
+    keep_srun = args.allowed_cpus is None and srun_bound(info, environ)
+    topology = topology_from_args(args, read_isa=False, allowed_from_cpuset=args.allowed_cpus is None and not keep_srun,
+                                  env=environ)
+    if keep_srun:
+        plan = make_plan(topology, replace(request, nproc=1))
+        rank = replace(plan.ranks[0], local_rank=info.local_rank)
+    else:
+        plan, rank = plan_rank(info, environ, topology, request)
+    env = rank_environment(plan, rank, environ)
+
+    messages = []
+    if info.local_rank == 0:
+        messages += [f"corecpu.bind: warning: {w}" for w in plan.warnings]
+
+    prefix = [] if args.no_membind else list(rank.membind)
+    if prefix and not _numactl_works(prefix, env):
+        if info.local_rank == 0:
+            messages.append("corecpu.bind: numactl cannot set a memory policy here (no CAP_SYS_NICE?); memory not bound")
+        prefix = []
+    return prefix + cmd, env, rank.cpus, messages
+
+
+def srun_bound(info: LaunchInfo, env: Mapping[str, str]) -> bool:
+    """Pure: did srun bind this task (--cpu-bind=cores, mask_cpu:..., or the site's default)?
+    srun exports SLURM_CPU_BIND_TYPE to each task; `--cpu-bind=none` says "none"."""
+    kind = env.get("SLURM_CPU_BIND_TYPE", "").strip().lower()
+    return info.slurm_task and bool(kind) and not kind.startswith("none")
+
+
+def _numactl_works(prefix: list[str], env: dict[str, str]) -> bool:
+    # Docker's default seccomp profile refuses set_mempolicy; find out before the rank dies of it.
+    try:
+        return subprocess.run(prefix + ["true"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    def run() -> int:
+        cmd, env, cpus, messages = prepare(sys.argv[1:] if argv is None else argv, dict(os.environ))
+        for line in messages:
+            print(line, file=sys.stderr, flush=True)
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:
+            raise CoreCPUError(f"cannot pin to CPUs {env[envvars.BOUND_CPUS]}: {exc.strerror}; check --allowed-cpus") from None
+        if shutil.which(cmd[0], path=env.get("PATH")) is None and os.sep not in cmd[0]:
+            raise CoreCPUError(f"command not found: {cmd[0]}; check the command after --")
+        # The rank must not outlive the launcher process that started it (hydra_pmi_proxy, the
+        # torchrun agent); PDEATHSIG survives exec, so set it on the way out.
+        die_with_parent()
+        try:
+            os.execvpe(cmd[0], cmd, env)
+        except OSError as exc:
+            raise CoreCPUError(f"cannot run {cmd[0]}: {exc.strerror}; check the command after --") from None
+        return 1  # unreachable: exec replaced us
+
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Start N ranks of a training script, each bound to its own cores: `corecpu launch` and launch.sh.
+
+    corecpu launch -n 2 my_loop.py --my-args        # 2 ranks of your script on this host
+    corecpu launch -n 8 -f hosts --ppn 4 train.py   # 2 machines x 4 ranks through Intel MPI
+    corecpu launch -n 2 --dry-run my_loop.py        # print the command, environment and plan
+
+launch.sh sets up the environment and then runs this with train.py as the default
+script. Ranks start through Intel MPI's mpirun (or torchrun where there is none),
+each through `python -m corecpu.bind`, which pins it from its own node's plan
+before torch loads. Options come before the script; everything after the script
+is the script's.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, NoReturn, Sequence
+
+from corecpu import envvars
+from corecpu.cpu.plan import PlanRequest, make_plan
+from corecpu.cpu.topology import detect_topology
+from corecpu.errors import CoreCPUError, run_cli
+
+USAGE = """usage: corecpu launch -n N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] SCRIPT.py [ARGS...]
+  -n N           total number of ranks (processes)
+  -f HOSTFILE    spread ranks over the hosts in HOSTFILE (one per line) with mpirun; rank 0's host first
+  --ppn P        ranks per host with -f (default: N divided evenly over the hosts)
+  --dry-run      print the launch command, its environment and this host's plan; run nothing
+  --launcher L   force mpirun or torchrun (default: mpirun if found, else torchrun)
+SCRIPT.py and everything after it: the training script and its arguments."""
+DEFAULT_MULTIHOST_PORT = 29500
+
+
+@dataclass
+class LaunchRequest:
+    nranks: int
+    script: str
+    script_args: list[str] = field(default_factory=list)
+    hostfile: str | None = None
+    ppn: int | None = None
+    dry_run: bool = False
+    launcher: str | None = None
+
+
+def parse_args(argv: Sequence[str], default_script: str | None = None) -> LaunchRequest:
+    """`-n N` (or a bare N first, as launch.sh takes it), options, then SCRIPT.py and its arguments.
+    With `default_script`, arguments that do not start with a script go to it (launch.sh: train.py)."""
+    argv = list(argv)
+    nranks: int | None = None
+    if default_script is not None:  # launch.sh: N comes first
+        if not argv:
+            raise CoreCPUError("how many ranks? e.g. ./launch.sh 2")
+        nranks = _ranks(argv.pop(0))
+    req = LaunchRequest(0, "")
+    rest: list[str] = []
+    while argv:
+        arg = argv.pop(0)
+        if arg in ("-n", "--nproc", "-np"):
+            nranks = _ranks(_value(arg, argv))
+        elif arg in ("-f", "--hostfile"):
+            req.hostfile = _value(arg, argv)
+        elif arg == "--ppn":
+            text = _value(arg, argv)
+            if not text.isdigit() or int(text) < 1:
+                raise CoreCPUError(f"--ppn needs a whole number >= 1, got {text!r}")
+            req.ppn = int(text)
+        elif arg == "--dry-run":
+            req.dry_run = True
+        elif arg == "--launcher":
+            req.launcher = _value(arg, argv)
+            if req.launcher not in ("mpirun", "torchrun"):
+                raise CoreCPUError(f"--launcher takes mpirun or torchrun, got {req.launcher!r}")
+        elif arg.endswith(".py") and not rest:
+            req.script, req.script_args = arg, argv  # the script's own arguments follow, untouched
+            break
+        else:
+            rest.append(arg)
+    if nranks is None:
+        raise CoreCPUError("how many ranks? pass N, e.g. ./launch.sh 2 or corecpu launch -n 2 SCRIPT.py")
+    req.nranks = nranks
+    if not req.script:
+        if default_script is None:
+            raise CoreCPUError("no training script; put SCRIPT.py after the options, e.g. corecpu launch -n 2 train.py")
+        req.script, req.script_args = default_script, rest
+    elif rest:
+        raise CoreCPUError(f"unknown option {rest[0]!r} before {req.script}; the script's arguments go after it")
+    if not Path(req.script).is_file():
+        raise CoreCPUError(f"script {req.script!r} not found; pass the path of a .py file")
+    if req.ppn is not None and req.hostfile is None:
+        raise CoreCPUError("--ppn only makes sense with -f HOSTFILE")
+    return req
+
+
+def _ranks(text: str) -> int:
+    if not text.lstrip("-").isdigit():
+        raise CoreCPUError(f"N must be a whole number of ranks, got {text!r}; e.g. ./launch.sh 2")
+    if int(text) < 1:
+        raise CoreCPUError(f"N must be at least 1, got {text}; e.g. ./launch.sh 2")
+    return int(text)
+
+
+def _value(flag: str, argv: list[str]) -> str:
+    if not argv:
+        raise CoreCPUError(f"{flag} needs a value")
+    return argv.pop(0)
+
+
+def read_hostfile(path: str) -> list[str]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        raise CoreCPUError(f"hostfile {path!r} not found; pass -f with a file listing one host per line") from None
+    hosts = [line.split("#")[0].replace(":", " ").split()[0] for line in lines if line.split("#")[0].strip()]
+    if not hosts:
+        raise CoreCPUError(f"hostfile {path!r} lists no hosts; put one host name or address per line")
+    return hosts
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LaunchPlan:
+    command: list[str]
+    env: dict[str, str]  # the variables this launch sets (on top of the caller's environment)
+    local_ranks: int
+    warnings: list[str]
+
+
+def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usable_cpus: int,
+                which=shutil.which, port=free_port) -> LaunchPlan:
+    """Pure apart from `which` and `port`: the command and environment that start the job."""
+    env: dict[str, str] = {}
+    warnings: list[str] = []
+    if req.hostfile:
+        hosts = read_hostfile(req.hostfile)
+        ppn = req.ppn or -(-req.nranks // len(hosts))
+        if ppn * len(hosts) < req.nranks:
+            raise CoreCPUError(f"{req.nranks} ranks do not fit on {len(hosts)} hosts x --ppn {ppn}; "
+                               "raise --ppn or add hosts")
+        env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or hosts[0]
+        local = ppn
+    else:
+        env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or "127.0.0.1"
+        local = req.nranks
+    # One host: any free port (as torchrun --standalone); several: the conventional one (we cannot probe them).
+    env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(DEFAULT_MULTIHOST_PORT if req.hostfile else port())
+    bind_opts: list[str] = []
+    if local > usable_cpus:
+        warnings.append(f"{local} ranks on a host with {usable_cpus} usable CPUs: ranks will share cores, "
+                        "1 thread each (slow; fine for testing)")
+        bind_opts.append("--oversubscribe")
+
+    launcher = req.launcher or ("mpirun" if which("mpirun") else "torchrun" if which("torchrun") else None)
+    if launcher is None:
+        raise CoreCPUError("neither mpirun nor torchrun found; pip install impi-rt (or activate the env that has torch)")
+    if launcher == "torchrun" and req.hostfile:
+        raise CoreCPUError("-f HOSTFILE needs mpirun; pip install impi-rt, or run torchrun on each host yourself")
+    backend = _script_option(req.script_args, "--backend") if Path(req.script).name == "train.py" else None
+    if backend:
+        env[envvars.BACKEND] = backend  # so bind reserves a CCL worker core when ccl is asked for
+    bind = [python, "-m", "corecpu.bind", *bind_opts, "--"]
+    script = [python, "-u", os.path.abspath(req.script), *req.script_args]
+    if launcher == "mpirun":
+        env["I_MPI_PIN"] = "0"  # corecpu.bind pins each rank from its own node's plan
+        cmd = ["mpirun", "-n", str(req.nranks)]
+        if req.hostfile:
+            cmd += ["-f", req.hostfile, "-ppn", str(local)]
+        # Intel MPI propagates the whole environment (MASTER_*, PATH, ...) to every host by default.
+        cmd += bind + script
+    else:
+        env["OMP_NUM_THREADS"] = "1"  # corecpu.bind replaces it per rank; this silences torchrun's notice
+        torchrun = str(Path(python).parent / "torchrun")
+        cmd = [torchrun if Path(torchrun).exists() else "torchrun", "--standalone", "--nproc-per-node",
+               str(req.nranks), "--no-python", *bind, *script]
+    return LaunchPlan(cmd, env, local, warnings)
+
+
+def _script_option(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: str) -> int:
+    """Run the launcher as a child and stay the process a scheduler or a person signals.
+
+    SIGTERM (scancel, pod eviction), SIGINT (Ctrl-C) and SIGUSR1 (sbatch --signal=USR1@60) are
+    forwarded to the launcher, which passes them to every rank: the ranks stop at the next step,
+    save and exit 75. SIGHUP (the terminal went away) goes on as SIGTERM. The child runs in its
+    own process group, so a terminal's Ctrl-C reaches it only through here (mpiexec.hydra aborts
+    without saving on a second one). Ranks watch this PID and exit if it is killed outright.
+    Returns the launcher's exit code (128+N if a signal killed it).
+    """
+    env = {**env, envvars.LAUNCHER_PID: str(os.getpid())}
+    try:
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+    except OSError as exc:
+        raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
+
+    def forward(signum: int, _frame: object) -> None:
+        sig, target = (signal.SIGTERM if signum == signal.SIGHUP else signum), child.pid
+        if launcher == "mpirun":
+            # mpirun is a shell script around mpiexec.hydra, which is the one that forwards to the ranks.
+            target = next(iter(_children(child.pid, "mpiexec.hydra")), child.pid)
+        elif sig == signal.SIGUSR1:
+            sig = signal.SIGTERM  # torchrun's agent forwards SIGTERM to every worker, not SIGUSR1
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(signum, forward)
+    code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
+    return 128 - code if code < 0 else code
+
+
+def _children(pid: int, name: str) -> list[int]:
+    """PIDs of `pid`'s children called `name` (from /proc: no pgrep needed)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if comm == name and int(rest[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def main(argv: Sequence[str] | None = None, default_script: str | None = None) -> NoReturn:
+    def run() -> int:
+        args = list(sys.argv[1:] if argv is None else argv)
+        script = default_script
+        if args[:1] == ["--default-script"]:  # launch.sh: train.py unless a SCRIPT.py is given
+            script, args = args[1], args[2:]
+        if args and args[0] in ("-h", "--help"):
+            print(USAGE)
+            return 0
+        req = parse_args(args, script)
+        # impi-rt installs mpirun beside this interpreter; an installed `corecpu` may run without it on PATH.
+        bindir = str(Path(sys.executable).parent)
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+        plan = plan_launch(req, os.environ, sys.executable, len(os.sched_getaffinity(0)))
+        for w in plan.warnings:
+            print(f"corecpu launch: warning: {w}", file=sys.stderr, flush=True)
+        env = {**os.environ, **plan.env}
+        if req.dry_run:
+            env = plan.env
+        if sys.stdout.isatty():
+            env[envvars.TTY] = "1"  # ranks write into the launcher's pipes; rank 0 may still draw progress
+        if req.dry_run:
+            print("# environment")
+            for k, v in env.items():
+                print(f"export {k}={shlex.quote(v)}")
+            print("# command")
+            print(shlex.join(plan.command))
+            print(f"# this host's plan for {plan.local_ranks} local rank(s)")
+            request = PlanRequest(nproc=plan.local_ranks, allow_oversubscribe="--oversubscribe" in plan.command)
+            try:
+                sys.stdout.write(make_plan(detect_topology(), request).to_shell())
+            except CoreCPUError as exc:  # the command above is still worth seeing
+                print(f"corecpu: error: {exc}", file=sys.stderr)
+            return 0
+        return run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun")
+
+    run_cli(run)
+
+
+if __name__ == "__main__":
+    main()

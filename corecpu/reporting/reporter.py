@@ -1,0 +1,155 @@
+"""What a run tells people and tools: start-up lines, progress, metrics.jsonl, config.json,
+topology.json, summary.json and the exported final/ model.
+
+Rank 0 writes. Every rank constructs a `Reporter` (after run.wrap(), so config.json has the
+resolved precision) and calls the same methods in the same order: a log step reduces the
+step sums across ranks, and finish() gathers every rank's summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from corecpu.reporting.console import make_console, make_progress
+from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
+from corecpu.reporting.trackers import open_trackers
+from corecpu.compute.wrappers import unwrap
+from corecpu.training.run import Run
+from corecpu.training.schedule import StepStats
+from corecpu.training.steps import Step
+
+
+class Reporter:
+    def __init__(self, run: Run, output_dir: str | Path, config: dict[str, Any], total_steps: int,
+                 progress: str = "auto", resume_step: int | None = None, trackers: Sequence[str] = (),
+                 log_every: int = 10) -> None:
+        self.run, self.out, self.total_steps, self.log_every = run, Path(output_dir), total_steps, log_every
+        self.console = make_console()
+        self.main = run.is_main
+        self.reports = list(run.bindings)  # every rank's real CPUs and threads, gathered by setup()
+        self.metrics: MetricsLog | None = None
+        self.progress = make_progress(progress, self.console) if self.main else None
+        self._task = None
+        if self.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._write("config.json", {**config, "resolved": run.resolved(), "decisions": run.describe()})
+            self._write("topology.json", {"ranks": self.reports})
+            self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step,
+                                      open_trackers(trackers, self.out, config, rank=run.rank))
+        self.started = time.perf_counter()
+        self._interval = Throughput()
+        self._timed_from: float | None = None  # the summary's throughput skips the first log interval (warm-up)
+        self._timed_to: float | None = None
+        self._timed_samples = 0.0
+        self._stats = StepStats()
+        self.last_loss: float | None = None
+        self.last_eval: dict[str, float] | None = None
+
+    # ------------------------------------------------------------ lines for people
+    def say(self, text: str) -> None:
+        if not self.main:
+            return
+        (self.progress.console if self.progress else self.console).print(text)
+
+    def start(self, step: int) -> None:
+        if self.progress:
+            self._task = self.progress.add_task("train", total=self.total_steps, completed=step, status="")
+            self.progress.start()
+
+    def advance(self, step: int, status: str) -> None:
+        if self.progress:
+            self.progress.update(self._task, completed=step, status=status)
+
+    # ------------------------------------------------------------ records for tools
+    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0) -> None:
+        """After each micro-batch: summed on this rank, without a host sync, until the next record."""
+        self._stats.add(loss, samples, tokens, padded)
+
+    def step_done(self, step: Step, lr: float) -> None:
+        """After each optimizer step on every rank: a record every `log_every` steps and at the last one
+        (reducing the sums across ranks only then), and the progress bar."""
+        if step.number % self.log_every == 0 or step.is_last:
+            self.log_step(step.number, step.epoch, lr, self._stats.reduce(self.run.all_reduce_sum))
+        self.advance(step.number, f"epoch {step.epoch + 1}/{step.epochs}")
+
+    def log_step(self, step: int, epoch: int, lr: float, stats: dict[str, float]) -> dict[str, Any]:
+        """One training record from already-reduced `stats` (StepStats.reduce)."""
+        sps, tps = self._interval.rates(stats["samples"], stats["tokens"])
+        now = time.perf_counter()
+        if self._timed_from is None:
+            self._timed_from = now
+        else:
+            self._timed_samples, self._timed_to = self._timed_samples + stats["samples"], now
+        self.last_loss = stats["loss"]
+        record = {"step": step, "epoch": epoch, "loss": stats["loss"], "lr": lr, "samples": int(stats["samples"]),
+                  "samples_per_s": sps,
+                  "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)}
+        if "padding" in stats:
+            record["padding"] = round(stats["padding"], 4)
+        if self.metrics:
+            self.metrics.write(record)
+            self.say(format_step(record, self.total_steps))
+        return record
+
+    def log_eval(self, step: int, epoch: int, scores: dict[str, float], line: str | None = None) -> None:
+        """One evaluation's scores (already reduced over ranks) as a record, and `line` for people."""
+        self.last_eval = scores
+        if self.metrics:
+            self.metrics.write({"step": step, "epoch": epoch, **scores})
+            self.say(line or "eval  step {} | ".format(step) + " | ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+
+    @property
+    def samples_per_s(self) -> float | None:
+        if self._timed_to is None or self._timed_from is None:
+            return None
+        return self._timed_samples / max(self._timed_to - self._timed_from, 1e-9)
+
+    def close(self) -> None:
+        if self.progress:
+            self.progress.stop()
+            self.progress = None
+        if self.metrics:
+            self.metrics.close()
+            self.metrics = None
+
+    # ------------------------------------------------------------ the end
+    def finish(self, model: torch.nn.Module, tokenizer: Any, steps: int,
+               card: Callable[[Path, dict[str, Any]], Any] | None = None) -> Path | None:
+        """summary.json (every rank's loss and weight checksum: DDP replicas must agree) and final/
+        (save_pretrained + tokenizer + `card(dir, summary)`, written to a temporary directory and
+        renamed). Collective."""
+        self.close()
+        model = unwrap(model)
+        elapsed = time.perf_counter() - self.started
+        views = self.run.gather({"rank": self.run.rank, "host": self.reports[self.run.rank]["host"], "steps": steps,
+                                 "final_loss": self.last_loss,
+                                 "param_checksum": float(sum(p.detach().double().sum() for p in model.parameters()))})
+        final = None
+        if self.main:
+            summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
+                       "samples_per_s_after_warmup": self.samples_per_s, "ranks": views}
+            self._write("summary.json", summary)
+            final = self.out / "final"
+            staging = self.out / ".final.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            model.save_pretrained(staging, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging)
+            if card is not None:
+                card(staging, summary)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(staging, final)
+            rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
+            self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
+        self.run.barrier()
+        return final
+
+    def _write(self, name: str, obj: Any) -> None:
+        (self.out / name).write_text(json.dumps(obj, indent=2))

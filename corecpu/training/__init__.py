@@ -1,0 +1,5 @@
+"""The front door and what a loop needs around it: setup() and Run, the step loop, the schedule,
+checkpoints (files and the checkpointer), the output directory, models and the configuration.
+
+May import every subpackage below it: cluster, cpu, distributed, compute, reliability, data.
+"""

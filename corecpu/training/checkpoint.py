@@ -1,0 +1,323 @@
+"""Checkpoints that can be trusted: save() and resume(), symmetric, for any module and optimizer.
+
+    path = checkpoint.save(out, step=step, model=model, optimizer=opt, scheduler=sched, epoch=e,
+                           batches_in_epoch=b, config=cfg, keep=2)          # every rank calls it
+    loop = checkpoint.resume(out, "auto", model=model, optimizer=opt, scheduler=sched, config=cfg)
+    for note in loop.notes if loop else []: print(note)                    # skipped checkpoints, changes
+
+Rank 0 writes OUTPUT_DIR/checkpoints/step-N/{state.pt, meta.json} atomically, with each file's
+size and digest in meta.json (checkpoint_store.py: the disk side). resume() verifies them and
+falls back to the newest checkpoint that verifies, saying which one it skipped and why. Every
+rank's RNG state is stored, because dropout draws differ per rank and an exact resume must
+restore each one.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from corecpu.training.checkpoint_files import (  # list_checkpoints: re-exported for callers of this module
+    PREFIX, STATE, Candidate, checkpoint_root, choose, clean_stale,
+    disk_full, list_checkpoints, no_space, prune, read_meta, scan, space_problem, verify, write_atomic)
+from corecpu.compute.wrappers import unwrap
+from corecpu.distributed.process_group import gather_objects
+from corecpu.errors import CoreCPUError
+
+FORMAT = 2  # 1: no file digests, extra keys at the top level of meta.json
+
+# Settings that change the math of the run; anything else (logging, paths) may differ on resume.
+RUN_DEFINING = ("model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio",
+                "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "text_column",
+                "text_pair_column", "label_column")
+# What "auto" settings resolved to on the host that saved (config["resolved"]); may differ on another host.
+RESOLVED = ("precision", "backend", "allreduce", "threads")
+
+
+@dataclass
+class LoopState:
+    """Where the loop is, and what resume() has to say about how it got there."""
+
+    step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None  # the checkpoint this state came from
+    notes: list[str] = field(default_factory=list)  # one line each: skipped checkpoints, changed settings
+
+
+# ---------------------------------------------------------------- RNG
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        # weights_only loading refuses numpy arrays; keep the key as a tensor.
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuples(state["python"]))
+    name, key, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, key.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def _tuples(x: Any) -> Any:
+    # random.setstate wants tuples; serialisation may hand back lists.
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# ---------------------------------------------------------------- save
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of all tensors in a nested state: what torch.save will write, give or take its headers."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
+def save(
+    output_dir: str | Path,
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any = None,
+    epoch: int = 0,
+    batches_in_epoch: int = 0,
+    extra: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path | None:
+    """Collective: every rank calls it (every rank's RNG state is gathered); rank 0 writes.
+
+    Returns the checkpoint directory on rank 0, None elsewhere. A failure (disk full) raises
+    CoreCPUError on every rank, and the previous checkpoints are left as they were.
+    `extra` and `config` must be JSON-serialisable; `config["label_names"]` and
+    `config["resolved"]` (precision, backend, allreduce, threads) are compared on resume.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    states = gather_objects(rng_state())
+    final = checkpoint_root(output_dir) / f"{PREFIX}{step:08d}"
+    error, unexpected = None, None
+    if rank == 0:
+        try:
+            error = _save_rank0(output_dir, final, step, model, optimizer, scheduler, epoch, batches_in_epoch,
+                                extra, config, keep, states)
+        except CoreCPUError as exc:
+            error = str(exc)
+        except Exception as exc:  # a bug or an I/O error we do not know: rank 0 keeps its traceback
+            unexpected = exc
+            error = f"rank 0 could not write checkpoint {final} ({type(exc).__name__}: {exc}); see rank 0's error"
+    # Rank 0's outcome, on every rank: a failed write must stop all of them, not strand them at a barrier.
+    error = _broadcast(error)
+    if unexpected is not None:
+        raise unexpected
+    if error:
+        raise CoreCPUError(error)
+    return final if rank == 0 else None
+
+
+def _save_rank0(output_dir: str | Path, final: Path, step: int, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer | None, scheduler: Any, epoch: int, batches_in_epoch: int,
+                extra: dict[str, Any] | None, config: dict[str, Any] | None, keep: int,
+                states: list[Any]) -> str | None:
+    host = socket.gethostname()
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    clean_stale(output_dir, host=host)
+    state = {"model": unwrap(model).state_dict(), "rng": states}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    meta = {"format": FORMAT, "step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
+            "world_size": len(states), "saved_at": time.time(), "host": host, "config": config or {},
+            "extra": extra or {}}
+    try:
+        json.dumps(meta)
+    except TypeError as exc:
+        raise CoreCPUError(f"checkpoint extra/config must be JSON-serialisable ({exc}); pass plain numbers, "
+                           "strings, lists and dicts") from None
+    need = state_bytes(state)
+    problem = space_problem(need, shutil.disk_usage(root).free, root)
+    if problem:
+        return problem
+    try:
+        write_atomic(final, state, meta, host)
+    except (OSError, RuntimeError) as exc:
+        if not disk_full(exc):
+            raise
+        return no_space(root, need, shutil.disk_usage(root).free)
+    prune(output_dir, keep)
+    return None
+
+
+def _broadcast(obj: Any) -> Any:
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# ---------------------------------------------------------------- resume
+
+
+def config_changes(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
+    """'name: saved -> now' for each run-defining setting, and each resolved choice, that differs."""
+    changes = [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in RUN_DEFINING
+               if k in saved and k in config and saved[k] != config[k]]
+    was, now = saved.get("resolved") or {}, config.get("resolved") or {}
+    changes += [f"{k} resolved to {was[k]!r} when saved, {now[k]!r} here" for k in RESOLVED
+                if k in was and k in now and was[k] != now[k]]
+    return changes
+
+
+def label_problem(saved: dict[str, Any], config: dict[str, Any]) -> str | None:
+    was, now = saved.get("label_names"), config.get("label_names")
+    if was is None or now is None or list(was) == list(now):
+        return None
+    return f"it was trained with labels {list(was)} and this run has {list(now)}"
+
+
+def resume(
+    output_dir: str | Path,
+    which: str = "auto",
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any = None,
+    config: dict[str, Any] | None = None,
+) -> LoopState | None:
+    """Restore model, optimizer, scheduler and this rank's RNG in place; None means a fresh start.
+
+    `which`: "" (fresh start), "auto" (the newest checkpoint under output_dir that verifies; a
+    fresh start if there is none yet) or a checkpoint directory. Collective when torch.distributed
+    is initialised: rank 0 picks and verifies, every rank loads the same one. The returned
+    LoopState's `notes` say which checkpoints were skipped and why, and what changed since.
+    """
+    if not which:
+        return None
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    config = config or {}
+    choice: tuple[str | None, list[str], str | None] = (None, [], None)
+    if rank == 0:
+        try:
+            choice = _choose_rank0(output_dir, which, config)
+        except CoreCPUError as exc:
+            choice = (None, [], str(exc))
+    path_s, notes, error = _broadcast(choice)
+    if error:
+        raise CoreCPUError(error)
+    if path_s is None:
+        return None
+    path = Path(path_s)
+    try:
+        loop, saved_config = _load(path, model, optimizer, scheduler, rank, world)
+        error = None
+    except CoreCPUError as exc:
+        error = str(exc)
+    errors = [e for e in gather_objects(error) if e]  # every rank stops if any one could not load
+    if errors:
+        raise CoreCPUError(errors[0])
+    loop.notes = notes + loop.notes
+    changes = config_changes(saved_config, config)
+    if changes:
+        loop.notes.append(f"resuming with changed settings: {'; '.join(changes)}")
+    return loop
+
+
+def _choose_rank0(output_dir: str | Path, which: str, config: dict[str, Any]) -> tuple[str | None, list[str], None]:
+    notes = clean_stale(output_dir)
+
+    def check(c: Candidate) -> str | None:
+        assert c.meta is not None
+        return verify(c.path, c.meta) or _label_or_none(c.meta, config)
+
+    if which == "auto":
+        candidates = scan(output_dir)
+        chosen, skipped = choose(candidates, check)
+        if chosen is None and candidates:
+            raise CoreCPUError(f"no checkpoint in {checkpoint_root(output_dir)} can be resumed ("
+                               + "; ".join(n.removeprefix("skipped checkpoint ") for n in skipped)
+                               + "); remove them to start fresh, or pass a checkpoint directory to resume from")
+        return (str(chosen.path) if chosen else None), notes + skipped, None
+    path = Path(which)
+    meta, problem = read_meta(path) if path.is_dir() else (None, "not a directory")
+    problem = problem or verify(path, meta) or _label_or_none(meta, config)
+    if problem:
+        raise CoreCPUError(f"cannot resume from {which}: {problem}; pass another checkpoints/step-* directory "
+                           "or 'auto' for the newest one that verifies")
+    return str(path), notes, None
+
+
+def _label_or_none(meta: dict[str, Any], config: dict[str, Any]) -> str | None:
+    problem = label_problem(meta.get("config") or {}, config)
+    if problem is None:
+        return None
+    raise CoreCPUError(f"checkpoint {meta.get('step')} does not fit this run's labels: {problem}; use the same "
+                       "label set (same data and label column), or start fresh in another output directory")
+
+
+def _load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any,
+          rank: int, world: int) -> tuple[LoopState, dict[str, Any]]:
+    meta, problem = read_meta(path)
+    if meta is None:
+        raise CoreCPUError(f"cannot resume from {path}: {problem}")
+    try:
+        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a file rank 0 verified but this rank cannot read (another filesystem view)
+        raise CoreCPUError(f"cannot read {path / STATE} on rank {rank} ({_first_line(exc)}); every rank needs "
+                           "the same output directory") from None
+    try:
+        unwrap(model).load_state_dict(state["model"])
+        if optimizer is not None and "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        was = (meta.get("config") or {}).get("model", "?")
+        raise CoreCPUError(f"checkpoint {path} does not fit this model (it was written for model {was}: "
+                           f"{_first_line(exc)}); resume with the same model, or start fresh in another output "
+                           "directory") from None
+    notes = []
+    if scheduler is not None:
+        if "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+        else:
+            notes.append(f"checkpoint {path} has no scheduler state: the schedule restarts from its beginning")
+    rngs = state["rng"]
+    if len(rngs) == world:
+        set_rng_state(rngs[rank])
+    else:
+        notes.append(f"checkpoint was written by {len(rngs)} ranks and this run has {world}: "
+                     "data order and RNG streams will differ from an uninterrupted run")
+    extra = dict(meta.get("extra") or {}) if meta.get("format", 1) >= 2 else {
+        k: v for k, v in meta.items() if k not in ("step", "epoch", "batches_in_epoch", "world_size", "saved_at", "config")}
+    loop = LoopState(meta["step"], meta.get("epoch", 0), meta.get("batches_in_epoch", 0), extra, path, notes)
+    return loop, meta.get("config") or {}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+

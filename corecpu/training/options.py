@@ -1,0 +1,58 @@
+"""How a run computes and communicates: the options `corecpu.setup()` takes and `TrainConfig` nests.
+
+One dataclass, one help string per field, each choice tuple defined once (in the subpackage
+that acts on it), validated once at the edge. Errors name the option in library terms
+(`precision`); the command line names the flag (`--precision`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from corecpu.compute import IPEX_CHOICES, PRECISIONS
+from corecpu.distributed import ALLREDUCE_CHOICES, BACKENDS
+from corecpu.errors import CoreCPUError
+
+
+def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
+    """A dataclass field with what the command line needs: a default, a help text, its choices."""
+    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    precision: str = opt("auto", "auto: bf16 autocast if the CPU has AMX or bf16 measured >= 1.1x fp32 "
+                         "for this model (timed once per CPU, cached in ~/.cache/corecpu), else fp32",
+                         choices=PRECISIONS)
+    backend: str = opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo", choices=BACKENDS)
+    allreduce: str = opt("auto", "gradient all-reduce: auto (Intel MPI's shared-memory collectives via mpi4py when "
+                         "the ranks were started by MPI, else gloo), gloo, mpi", choices=ALLREDUCE_CHOICES)
+    compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
+                        "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
+    ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",
+                    choices=IPEX_CHOICES)
+    threads: int = opt(0, "compute threads per rank (0: this rank's cores, as bound by the launcher or planned here)")
+    dist_timeout: float = opt(120.0, "seconds to wait for all ranks at start-up before failing with a clear error")
+    step_timeout: float = opt(300.0, "after the first step, seconds without progress from any rank before the job "
+                              "ends naming the ranks that stopped (raised to several times the slowest step seen)")
+
+    def validate(self, flags: bool = False) -> "RunOptions":
+        """One CoreCPUError line for the first bad option; `flags` names them as command-line flags."""
+        def name(f: str) -> str:
+            return "--" + f.replace("_", "-") if flags else f
+
+        for f in dataclasses.fields(self):
+            choices, value = f.metadata["choices"], getattr(self, f.name)
+            if choices and value not in choices:
+                raise CoreCPUError(f"{name(f.name)} {value!r} is not one of: {', '.join(choices)}"
+                                   if flags else f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        if self.threads < 0:
+            raise CoreCPUError(f"{name('threads')} must be 0 (this rank's cores) or positive, got {self.threads}")
+        for f in ("dist_timeout", "step_timeout"):
+            value = getattr(self, f)
+            if not (value > 0 and math.isfinite(value)):
+                raise CoreCPUError(f"{name(f)} must be a positive number of seconds, got {value}")
+        return self
