@@ -68,7 +68,7 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     report.say(f"data {task.describe(data)}; global batch {cfg.batch_size * run.world_size * cfg.grad_accum}; "
                f"{steps.total} steps" + (f"; resuming from {run.resumed.path} (step {run.resumed.step})"
                                          if run.resumed else ""))
-    for note in ckpt.notes + ([run.precision.warning] if run.precision.warning else []):
+    for note in data.notes + ckpt.notes + ([run.precision.warning] if run.precision.warning else []):
         report.say(f"[yellow]warning:[/] {note}")
 
     # -------------------------------------------------------------- training

@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from corecpu.data.sampling import set_epoch
     from corecpu.data.sources import load_data
-    from corecpu.data.tokenized import TokenizedDataset, make_collate
+    from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
     from corecpu.training.modeling import load_model, load_tokenizer, optimizer_groups
 
     model_spec = {"minilm": "default"}.get(args.model, args.model)
@@ -95,8 +95,8 @@ def worker(args: argparse.Namespace) -> None:
                 set_epoch(loader, epoch)
                 epoch, it = epoch + 1, iter(loader)
                 batch = next(it)
-            batch.pop("num_tokens")
-            batch.pop("valid")
+            for key in META_KEYS:  # not model inputs
+                batch.pop(key)
             t1 = time.perf_counter()
             with run.no_sync(ddp, sync):
                 with run.autocast():

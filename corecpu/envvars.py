@@ -29,7 +29,11 @@ CACHE_DIR = "CORECPU_CACHE_DIR"
 # Set by the user, read by launch.sh: a package index holding the CPU build of torch.
 TORCH_INDEX = "CORECPU_TORCH_INDEX"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR, TORCH_INDEX)
+# Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
+SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
+
+ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR, TORCH_INDEX,
+       SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:

@@ -1,17 +1,37 @@
-"""Shared fixtures. Every test must leave os.environ and torch.distributed as it found them:
-a test that leaks either fails (as Lightning Fabric's test suite does), after the state is restored,
-so one careless test cannot make later ones pass or fail by accident."""
+"""Shared fixtures and the tiers.
+
+Tiers are folders, and a test's folder gives its marker (pytest_collection_modifyitems below; the
+markers are registered in pyproject.toml): tests/unit/ -> unit, tests/multiprocess/ -> multiprocess,
+tests/e2e/ -> e2e, tests/chaos/ -> chaos and e2e (real jobs end to end, so `-m "not e2e"` leaves
+unit and multiprocess, as test.sh says), tests/ipex/ -> e2e (train.py runs, from the IPEX env only).
+A test outside those folders, or a tier marker written by hand, stops the run with a usage error.
+
+Imports: pytest imports test files with --import-mode=importlib, and pyproject.toml's `pythonpath`
+puts the repository (corecpu, benchmarks) and tests/ itself on sys.path. So test files may share
+basenames across folders, never import each other or this file, and take shared code from one
+place, the `helpers` package (tests/helpers/): `from helpers.launching import launch`. Scripts that
+spawned processes run are in tests/helpers/workers/ (helpers.common.WORKERS).
+
+Every test must leave os.environ, torch.distributed and corecpu's threads as it found them: a test
+that leaks one fails (as Lightning Fabric's test suite does), after the state is restored where it
+can be, so one careless test cannot make later ones pass or fail by accident.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+pytest.register_assert_rewrite("helpers")  # their asserts explain themselves like a test's
+
+from helpers.leaks import corecpu_threads, lingering_threads  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+TIER_MARKERS = {"unit": ("unit",), "multiprocess": ("multiprocess",), "e2e": ("e2e",), "chaos": ("chaos", "e2e"),
+                "ipex": ("e2e",)}
+MARKERS = {"unit", "multiprocess", "e2e", "chaos"}
 
 # Set once by libraries at import (transformers, tokenizers, corecpu.training.modeling's offline switch); not a test's doing.
 IMPORT_TIME_VARIABLES = {"HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "TOKENIZERS_PARALLELISM",
@@ -20,8 +40,24 @@ IMPORT_TIME_VARIABLES = {"HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", 
                          "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "chaos: real jobs that get signalled, stopped, starved or blocked (tests/chaos/)")
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = []
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # not under tests/
+            continue
+        if folder not in TIER_MARKERS:
+            problems.append(f"{item.nodeid}: not in a tier folder ({', '.join(TIER_MARKERS)}); move it there")
+            continue
+        by_hand = sorted({m.name for m in item.iter_markers()} & MARKERS)
+        if by_hand:
+            problems.append(f"{item.nodeid}: remove @pytest.mark.{', '.join(by_hand)}; the tier comes from the folder")
+        for name in TIER_MARKERS[folder]:
+            item.add_marker(name)
+    if problems:
+        raise pytest.UsageError("tests/conftest.py:\n  " + "\n  ".join(dict.fromkeys(problems)))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -39,6 +75,7 @@ def _private_precision_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _no_leaked_state():
     saved = dict(os.environ)
+    threads_before = corecpu_threads()
     yield
     changed = sorted(k for k in set(saved) | set(os.environ)
                      if saved.get(k) != os.environ.get(k) and k not in IMPORT_TIME_VARIABLES)
@@ -50,13 +87,8 @@ def _no_leaked_state():
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         problems.append("left a torch.distributed process group alive; destroy it (run.close())")
+    lingering = lingering_threads(threads_before)
+    if lingering:
+        problems.append(f"left corecpu threads running ({', '.join(lingering)}); stop what started them (run.close())")
     if problems:
         pytest.fail("test leaked state: " + "; ".join(problems), pytrace=False)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The IPEX tier: build (once, cached) a torch 2.8 + intel-extension-for-pytorch 2.8 environment and
-# run tests/test_ipex.py in it, including a 2-rank launch.sh run with IPEX.
+# run tests/ipex/ (test_ipex.py) in it, including a 2-rank launch.sh run with IPEX.
 #
-#   tests/ipex_env.sh                 # set up or reuse the cached env, then run tests/test_ipex.py
+#   tests/ipex_env.sh                 # set up or reuse the cached env, then run tests/ipex/test_ipex.py
 #   tests/ipex_env.sh -k launch       # extra arguments go to pytest
 #   tests/ipex_env.sh --setup-only    # print the env's python and stop
 #
@@ -80,4 +80,4 @@ fi
 if (( setup_only )); then echo "$env/bin/python"; exit 0; fi
 cd "$here"
 export VIRTUAL_ENV="$env" PATH="$env/bin:$PATH" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-exec "$env/bin/python" -m pytest -p no:cacheprovider tests/test_ipex.py "$@"
+exec "$env/bin/python" -m pytest -p no:cacheprovider tests/ipex/test_ipex.py "$@"

@@ -24,7 +24,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,8 +71,11 @@ def has_amx(features: CpuFeatures) -> bool:
     return "amx_bf16" in features.flags
 
 
-def _valid(ratio: float | None) -> float | None:
-    return ratio if ratio is not None and math.isfinite(ratio) and ratio > 0 else None
+def _valid(ratio: Any) -> float | None:
+    """A usable speed-up ratio, or None (missing, not a number, not finite, not positive)."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        return None
+    return float(ratio) if math.isfinite(ratio) and ratio > 0 else None
 
 
 def decide_precision(requested: str, features: CpuFeatures, bf16_speedup: float | None = None, *,
@@ -292,8 +295,15 @@ def read_cache(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def cached_speedup(path: Path, key: str) -> float | None:
+    """The cached ratio for `key`; a damaged entry counts as missing (it is measured again and replaced)."""
     entry = read_cache(path).get(key)
-    return _valid(entry.get("bf16_speedup")) if entry else None
+    if not entry:
+        return None
+    ratio = _valid(entry.get("bf16_speedup"))
+    if ratio is None:
+        warnings.warn(f"corecpu: ignoring the damaged precision calibration in {path} (bf16_speedup "
+                      f"{entry.get('bf16_speedup')!r}); measuring again", RuntimeWarning, stacklevel=2)
+    return ratio
 
 
 def store_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
@@ -315,7 +325,7 @@ def store_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
         if not _warned_unwritable:
             _warned_unwritable = True
             warnings.warn(f"corecpu: not caching the precision calibration in {path.parent} ({exc.strerror or exc}); "
-                          "it will be measured again next run (set CORECPU_CACHE_DIR to a writable directory)",
+                          f"it will be measured again next run (set {envvars.CACHE_DIR} to a writable directory)",
                           RuntimeWarning, stacklevel=2)
         return False
     return True

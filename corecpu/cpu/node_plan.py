@@ -73,5 +73,8 @@ class NodePlan:
 
     @property
     def env(self) -> Mapping[str, str]:
-        """The plan's environment for every rank (I_MPI_WAIT_MODE, ...); empty without a plan."""
+        """The plan's environment for every rank (I_MPI_WAIT_MODE, ...); empty without a plan, and empty
+        when corecpu.bind already planned this rank and put that environment in place."""
+        if self.environ.get(envvars.BOUND_CPUS):
+            return {}
         return self.for_rank[0].env if self.for_rank else {}

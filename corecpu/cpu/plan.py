@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from corecpu.errors import CoreCPUError
+from corecpu import envvars
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
 from corecpu.cpu.topology import Topology
 
@@ -397,7 +398,7 @@ def add_request_arguments(parser: argparse.ArgumentParser, *, nproc_help: str | 
                        help=nproc_help or "ranks on this node (default auto: one per NUMA node)")
     group.add_argument("--backend", choices=("gloo", "ccl"), default=None,
                        help="process-group backend; ccl reserves one CCL worker core per rank by default "
-                       "(default: gloo; under corecpu.bind, the launcher's $CORECPU_BACKEND)")
+                       f"(default: gloo; under corecpu.bind, the launcher's ${envvars.BACKEND})")
     group.add_argument("--ccl-workers", type=int, default=None, metavar="K",
                        help="CCL worker threads per rank, each on one of the rank's cores (default: 1 with ccl, else 0)")
     group.add_argument("--use-logical-cores", action="store_true", help="compute on hyperthread siblings too")

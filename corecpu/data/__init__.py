@@ -1,6 +1,8 @@
-"""Data, bottom to top: types (examples, tokenized sets, collation), columns (which column is
-what), files (TSV/CSV/JSONL), hf (Hugging Face datasets), builtin (generated tasks), sources
-(what --data names), sampling (DDP samplers and loaders), tokencache (tokenize once per host).
+"""Data, bottom to top: types (labelled examples), tokenized (tokenized sets, collation), columns
+(which column is what), files (TSV/CSV/JSONL), hf (Hugging Face datasets), builtin (generated
+classification tasks), sources (what --data names), sampling (DDP samplers and loaders),
+tokencache (tokenize once per host); for question answering, qa (SQuAD JSON and flat QA data)
+and builtin_qa (a generated QA set).
 
 May import: corecpu.errors, corecpu.envvars, corecpu.distributed; torch, transformers.
 """

@@ -100,13 +100,13 @@ def _review(rng: random.Random, positive: bool, adjs: tuple[tuple[str, ...], ...
     return s[0].upper() + s[1:]
 
 
-def _split_of(sentence: str) -> str:
+def split_of(sentence: str) -> str:
     # A content hash, not the RNG stream, decides the split, so train and eval never
     # share a sentence whatever n or seed each was generated with.
     return "eval" if hashlib.blake2b(sentence.encode(), digest_size=8).digest()[0] % 6 == 0 else "train"
 
 
-def _split_size(task: str, split: str, n: int | None, train_n: int, eval_n: int) -> int:
+def split_size(task: str, split: str, n: int | None, train_n: int, eval_n: int) -> int:
     """How many examples a task's split gets; one message for every task's bad split or size."""
     if split not in ("train", "eval"):
         raise CoreCPUError(f"unknown {task} split {split!r}; use 'train' or 'eval'")
@@ -118,7 +118,7 @@ def _split_size(task: str, split: str, n: int | None, train_n: int, eval_n: int)
 
 def builtin_dataset(split: str, n: int | None = None, seed: int = 0) -> ClassificationData:
     """Balanced 2-class review sentiment; train defaults to 2000 examples, eval to 400."""
-    n = _split_size("builtin", split, n, 2000, 400)
+    n = split_size("builtin", split, n, 2000, 400)
     rng = random.Random(f"corecpu-builtin-{seed}-{split}")
     texts: list[str] = []
     labels: list[int] = []
@@ -130,7 +130,7 @@ def builtin_dataset(split: str, n: int | None = None, seed: int = 0) -> Classifi
         for lab in pair:
             while True:
                 s = _review(rng, bool(lab), adjs)
-                if s not in seen and _split_of(s) == split:
+                if s not in seen and split_of(s) == split:
                     break
             seen.add(s)
             texts.append(s)
@@ -382,7 +382,7 @@ def _perturb_story(story: dict, rng: random.Random) -> dict:
 
 def paraphrase_dataset(split: str, n: int | None = None, seed: int = 0) -> ClassificationData:
     """Balanced sentence-pair paraphrase detection; train defaults to 3000 pairs, eval to 600."""
-    n = _split_size("paraphrase", split, n, 3000, 600)
+    n = split_size("paraphrase", split, n, 3000, 600)
     rng = random.Random(f"corecpu-paraphrase-{seed}-{split}")
     firsts: list[str] = []
     seconds: list[str] = []
@@ -395,7 +395,7 @@ def paraphrase_dataset(split: str, n: int | None = None, seed: int = 0) -> Class
             while True:
                 story = _story(rng)
                 first = _render(story, rng)
-                if first not in seen and _split_of(first) == split:
+                if first not in seen and split_of(first) == split:
                     break
             other = story if lab else _perturb_story(story, rng)
             second = _render(other, rng)

@@ -29,3 +29,29 @@ def infer_columns(keys: list[str], text: Column, pair: Column, label: Column, pa
         raise CoreCPUError(f"data file '{path}': no 'label' column (available columns: {short(keys)}); "
                            "pick it with --label-column NAME_OR_INDEX")
     return text, pair, "label" if label is None else label
+
+
+# What spreadsheets and dataframes write for an empty cell: a missing label, never a class of its own.
+MISSING = frozenset({"nan", "none", "null", "n/a", "<na>"})
+RARE_FEWER_THAN, RARE_SHARE = 5, 0.01  # a class below both is worth a second look
+
+
+def check_labels(labels: Sequence[tuple[str, str]], source: str) -> list[str]:
+    """One rule for every source: (where, label) pairs, e.g. ("line 7", "pos"), already stripped.
+
+    A missing-value spelling or two spellings that differ only in case are errors (one line naming
+    both places); a class with very few examples gives a note (returned) for the run to print."""
+    first: dict[str, tuple[str, str]] = {}
+    counts: dict[str, int] = {}
+    for where, label in labels:
+        if label.lower() in MISSING:
+            raise CoreCPUError(f"data '{source}' {where}: label {label!r} is a missing value, not a class; "
+                               "fix or remove the row")
+        seen = first.setdefault(label.lower(), (where, label))
+        if seen[1] != label:
+            raise CoreCPUError(f"data '{source}' {seen[0]} and {where}: labels {seen[1]!r} and {label!r} differ only "
+                               "in case; spell each label one way")
+        counts[label] = counts.get(label, 0) + 1
+    total = len(labels)
+    return [f"data '{source}': label {name!r} has only {n} of {total} examples; check the label column"
+            for name, n in sorted(counts.items()) if n < RARE_FEWER_THAN and n < RARE_SHARE * total]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from corecpu.data.builtin import TASKS
-from corecpu.data.columns import COLUMN_FLAGS, Column, infer_columns, short
+from corecpu.data.columns import COLUMN_FLAGS, Column, check_labels, infer_columns, short
 from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 
@@ -20,7 +20,7 @@ FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json-lines": "json
 FORMAT_CHOICES = ("auto", "tsv", "csv", "jsonl")  # --data-format
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     """The file decoded as UTF-8 (a BOM is dropped); a bad byte is reported by line and column."""
     raw = path.read_bytes()
     try:
@@ -35,7 +35,7 @@ def _read_text(path: Path) -> str:
 
 def _records(path: Path, fmt: str) -> Iterator[tuple[int, Any]]:
     """Yield (starting line number, row) for non-blank rows; rows are lists (tsv/csv) or dicts."""
-    with io.StringIO(_read_text(path), newline="") as fh:
+    with io.StringIO(read_text(path), newline="") as fh:
         if fmt == "jsonl":
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
@@ -102,6 +102,7 @@ def load_file(path: str | Path, *, fmt: str | None = None, text_column: Column =
         raise CoreCPUError(f"unknown data format {fmt!r}; pass --data-format tsv, csv or jsonl")
     texts, pairs, raw = _parse(path, fmt, (text_column, text_pair_column, label_column), has_header)
     raw = canonical_labels(raw, path)
+    notes = check_labels([(f"line {lineno}", lab) for lineno, lab in raw], str(path))
     if label_names is None:
         names = sorted({lab for _, lab in raw})
         if all(_NUMBER.fullmatch(n) for n in names):  # numeric order: "10" after "9", label i is id i
@@ -116,7 +117,7 @@ def load_file(path: str | Path, *, fmt: str | None = None, text_column: Column =
         if lab not in index:
             raise CoreCPUError(f"data file '{path}' line {lineno}: label {lab!r} is not in the training data's "
                                f"labels ({short(names)}); use an eval file with the same label set")
-    return ClassificationData(texts, pairs, [index[lab] for _, lab in raw], names, str(path))
+    return ClassificationData(texts, pairs, [index[lab] for _, lab in raw], names, str(path), notes)
 
 
 def _parse(path: Path, fmt: str, columns: tuple[Column, Column, Column],
@@ -132,6 +133,9 @@ def _parse(path: Path, fmt: str, columns: tuple[Column, Column, Column],
         header, rows = list(first[1]), itertools.chain([first], rows)
     elif has_header:
         header = [h.strip() for h in first[1]]
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise CoreCPUError(f"data file '{path}': the header names column {twice[0]!r} twice; rename one of them")
     else:
         rows = itertools.chain([first], rows)
     if header is not None:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from corecpu.data.columns import COLUMN_FLAGS, Column, infer_columns, short
+from corecpu.data.columns import COLUMN_FLAGS, Column, check_labels, infer_columns, short
 from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 
@@ -53,7 +53,7 @@ def _offline() -> Iterator[Any]:
                 os.environ[k] = v
 
 
-def _open(path: Path, split: str) -> Any:
+def open_dataset(path: Path, split: str) -> Any:
     """The datasets.Dataset for `split` of the source at `path` (memory-mapped, no cache copy)."""
     with _offline() as datasets:
         try:
@@ -95,7 +95,7 @@ def load_hf_dataset(spec: str | Path, *, split: str = "train", text_column: Colu
         raise CoreCPUError(f"--data-format {fmt} does not apply to the Hugging Face dataset '{path}'; drop it")
     if not path.exists():
         raise CoreCPUError(f"data '{path}' not found; pass --data with a Parquet/Arrow file or a save_to_disk directory")
-    ds = _open(path, split)
+    ds = open_dataset(path, split)
     keys = list(ds.column_names)
     if not len(ds):
         raise CoreCPUError(f"data '{path}' ({split}) has no examples; pass a dataset with at least one row")
@@ -108,6 +108,7 @@ def load_hf_dataset(spec: str | Path, *, split: str = "train", text_column: Colu
     feature = ds.features[label]
     classes = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
     raw = [_label(v, i, classes, path) for i, v in enumerate(ds[label])]
+    notes = check_labels([(f"row {i}", lab) for i, lab in enumerate(raw)], str(path))
     if label_names is not None:
         names = list(label_names)
     elif classes is not None:
@@ -124,7 +125,7 @@ def load_hf_dataset(spec: str | Path, *, split: str = "train", text_column: Colu
         if lab not in index:
             raise CoreCPUError(f"data '{path}' row {row}: label {lab!r} is not in the training data's labels "
                                f"({short(names)}); use eval data with the same label set")
-    return ClassificationData(texts, pairs, [index[lab] for lab in raw], names, f"{path}:{split}")
+    return ClassificationData(texts, pairs, [index[lab] for lab in raw], names, f"{path}:{split}", notes)
 
 
 def _column(col: Column, keys: list[str], what: str, path: Path) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -12,6 +12,7 @@ class ClassificationData:
     labels: list[int]
     label_names: list[str]
     source: str
+    notes: list[str] = field(default_factory=list, compare=False)  # worth a warning line (rare classes)
 
     def __len__(self) -> int:
         return len(self.texts)

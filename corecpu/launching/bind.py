@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -27,6 +28,7 @@ from corecpu.cpu.node_plan import plan_backend, plan_rank, rank_environment
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.errors import CoreCPUError, run_cli
+from corecpu.launching.launch import LAUNCHER_IGNORES
 from corecpu.reliability.lifeline import die_with_parent
 
 
@@ -131,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # The rank must not outlive the launcher process that started it (hydra_pmi_proxy, the
         # torchrun agent); PDEATHSIG survives exec, so set it on the way out.
         die_with_parent()
+        # `corecpu launch` starts the launcher with the stop signals ignored, and an ignored signal stays
+        # ignored across fork and exec: the rank gets them back, to stop (and save) on them.
+        for signum in LAUNCHER_IGNORES:
+            signal.signal(signum, signal.SIG_DFL)
         try:
             os.execvpe(cmd[0], cmd, env)
         except OSError as exc:

@@ -208,7 +208,7 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     """
     env = {**env, envvars.LAUNCHER_PID: str(os.getpid())}
     try:
-        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=os.setpgrp)
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_launcher_child)
     except OSError as exc:
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
 
@@ -228,6 +228,21 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
         signal.signal(signum, forward)
     code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
     return 128 - code if code < 0 else code
+
+
+# Slurm's scancel (and a job's time limit) signals every process of the step at once. impi-rt's
+# `mpirun` is a /bin/sh wrapper around mpiexec.hydra that dies of SIGTERM, and its death ended the
+# job before the ranks could save. A shell started with a signal ignored cannot handle it again, so
+# the wrapper survives; mpiexec.hydra installs its own handlers and forwards to the ranks, as
+# torchrun's agent does; this process forwards what it receives.
+LAUNCHER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+
+
+def _launcher_child() -> None:
+    """In the launcher's child, before exec: its own process group, the stop signals ignored."""
+    os.setpgrp()
+    for signum in LAUNCHER_IGNORES:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _children(pid: int, name: str) -> list[int]:

@@ -24,12 +24,18 @@ import select
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from corecpu.envvars import LAUNCHER_PID as LAUNCHER_PID_VAR  # noqa: E402
+from corecpu.envvars import LAUNCHER_PID as LAUNCHER_PID_VAR
+from corecpu.reliability import preempt
+
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
+# A rank that is stopping on request when its launcher disappears gets this long to write its
+# checkpoint and exit (a MiniLM save takes about 1 s; Slurm's default KillWait is 30 s).
+GRACE_S = 30.0
 
 
 def _prctl(option: int, arg: int | ctypes.c_int) -> int:
@@ -108,14 +114,23 @@ def watch_launcher(env: Mapping[str, str] | None = None, on_gone: Callable[[int]
         if on_gone is not None:
             on_gone(pid)
             return
-        try:
-            print(f"corecpu: launcher (pid {pid}) is gone; rank exits", file=sys.stderr, flush=True)
-        except (OSError, ValueError):
-            pass
-        os._exit(128 + signal.SIGKILL)
+        if preempt.stop_requested():
+            # The launcher went down with the stop signal that this rank is acting on (a scheduler signals
+            # every process of the job): let the rank save and exit by itself, within the grace.
+            _say(f"corecpu: launcher (pid {pid}) is gone while this rank stops; {GRACE_S:.0f} s to finish saving")
+            time.sleep(GRACE_S)
+        _say(f"corecpu: launcher (pid {pid}) is gone; rank exits")
+        preempt.hard_exit(128 + signal.SIGKILL)
 
     threading.Thread(target=wait, name="corecpu-launcher-watch", daemon=True).start()
     return pid
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # stderr may be a pipe the launcher already closed
 
 
 def install(env: Mapping[str, str] | None = None, launched: bool = True) -> None:

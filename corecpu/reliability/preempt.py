@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, NoReturn
 
 # EX_TEMPFAIL from sysexits.h: "temporary failure, try again". Distinct from 1 (a crash), 2 (a usage error)
 # and 128+N (killed by signal N without saving), so a wrapper or a scheduler's retry rule can tell "stopped
@@ -93,8 +94,27 @@ def _watch(state: StopState) -> None:
                      "(send it again to exit at once without saving)")
             elif action == "exit":
                 _say(f"corecpu: second {signal_name(signum)}: exiting now without saving")
-                # From a thread, os._exit is the only exit that does not wait for the main thread.
-                os._exit(128 + signum)
+                hard_exit(128 + signum)
+
+
+_exit_cleanups: list[Callable[[], None]] = []
+
+
+def on_hard_exit(cleanup: Callable[[], None]) -> Callable[[], None]:
+    """Run `cleanup` if this process exits at once (a second stop signal, the launcher gone, the watchdog):
+    e.g. remove a half-written checkpoint. Returns the function that unregisters it."""
+    _exit_cleanups.append(cleanup)
+    return lambda: _exit_cleanups.remove(cleanup) if cleanup in _exit_cleanups else None
+
+
+def hard_exit(code: int) -> NoReturn:
+    """Exit now, from any thread (os._exit: nothing waits for the main thread), after the clean-ups."""
+    for cleanup in list(_exit_cleanups):
+        try:
+            cleanup()
+        except Exception:  # noqa: BLE001 - exiting anyway; a clean-up must not keep the process alive
+            pass
+    os._exit(code)
 
 
 def _say(line: str) -> None:

@@ -40,6 +40,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
 
 from corecpu.distributed.process_group import COLLECTIVE_TIMEOUT, call_within
+from corecpu.reliability import preempt
 
 # As coreutils' `timeout`: the job ran out of time waiting. Distinct from 75 (stopped on request, saved).
 EXIT_HUNG = 124
@@ -141,7 +142,7 @@ class Watchdog:
         world_size: int,
         step_timeout_s: float,
         host: str | None = None,
-        exit: Callable[[int], None] = os._exit,
+        exit: Callable[[int], None] = preempt.hard_exit,
         clock: Callable[[], float] = time.monotonic,
         set_collective_timeout: Callable[[float], None] | None = None,
     ) -> None:
@@ -160,6 +161,9 @@ class Watchdog:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self.fired: str | None = None  # the line, once the watchdog fired (tests read it)
+        self._phase = ""  # what the pause is for, named if a rank stops during it
+        self._seen: dict[int, tuple[int | None, float]] = {}  # while paused: rank -> (beat, when it last moved)
+        self._store_silent_since: float | None = None
 
     # ------------------------------------------------------------ main-thread API
     def start(self) -> "Watchdog":
@@ -185,8 +189,10 @@ class Watchdog:
         self._apply_collective_timeout()
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Evaluation and checkpoint writes take a time no step predicts: do not time them."""
+    def paused(self, phase: str = "evaluation or a checkpoint write") -> Iterator[None]:
+        """Evaluation and checkpoint writes take a time no step predicts: steps are not timed, but a rank
+        whose heartbeat stands still (a stopped process) still ends the job after step_timeout."""
+        self._phase, self._seen, self._store_silent_since = phase, {}, None
         self._paused += 1
         self._set_collective_timeout(0)  # back to the long default for the pause
         self._applied_timeout = 0.0
@@ -239,12 +245,7 @@ class Watchdog:
         if stalled < self.timeout_s:
             return False
         seen = self._last_progress
-        if not self._hosts:
-            hosts = self._read(store, [HOST_KEY.format(r) for r in range(self.world_size)])
-            if hosts is not None:
-                entries = [h.decode().split(" ", 1) for h in hosts]
-                self._pids = {r: int(pid) for r, (pid, _) in enumerate(entries)}
-                self._hosts = {r: host for r, (_, host) in enumerate(entries)}
+        self._learn_hosts(store)
         before = self._beats(store)
         sleep(BEATS_TO_WAIT * HEARTBEAT_EVERY_S)
         after = self._beats(store) if before is not None else None
@@ -264,9 +265,54 @@ class Watchdog:
         self._exit(EXIT_HUNG)
         return True
 
+    def check_alive(self, store: Any) -> bool:
+        """While paused, one look at the heartbeats: True if a rank's stood still for step_timeout seconds
+        (or the store, served by rank 0, stayed silent that long) and the watchdog fired."""
+        if not self._paused:
+            return False
+        self._learn_hosts(store)  # while rank 0's store still answers: to name it if it stops
+        now, beats = self._clock(), self._beats(store)
+        if beats is None:
+            self._store_silent_since = self._store_silent_since or now
+        else:
+            self._store_silent_since = None
+            for r, b in beats.items():
+                if r not in self._seen or self._seen[r][0] != b.beat:
+                    self._seen[r] = (b.beat, now)
+        if self._store_silent_since is not None and now - self._store_silent_since >= self.step_timeout_s:
+            stale, waited = [0], now - self._store_silent_since
+        else:
+            stale = [r for r, (_, moved) in sorted(self._seen.items())
+                     if r != self.rank and now - moved >= self.step_timeout_s]
+            waited = max((now - self._seen[r][1] for r in stale), default=0.0)
+        if not stale:
+            return False
+        names = ", ".join(f"rank {r} on {self._hosts.get(r, 'an unknown host')}" for r in stale)
+        line = f"{names} stopped responding during {self._phase}; {waited:.0f} s without a heartbeat"
+        self.fired = line
+        alive = [r for r in range(self.world_size) if r not in stale]
+        if self.rank == min(alive, default=self.rank):
+            _say(f"corecpu: error: {line}; ending the job")
+            for r in stale:
+                if self._hosts.get(r) == self.host and r in self._pids:
+                    kill_if_same_program(self._pids[r])
+        else:
+            time.sleep(REPORTER_HEAD_START_S)
+        self._exit(EXIT_HUNG)
+        return True
+
+    def _learn_hosts(self, store: Any) -> None:
+        if self._hosts:
+            return
+        hosts = self._read(store, [HOST_KEY.format(r) for r in range(self.world_size)])
+        if hosts is not None:
+            entries = [h.decode().split(" ", 1) for h in hosts]
+            self._pids = {r: int(pid) for r, (pid, _) in enumerate(entries)}
+            self._hosts = {r: host for r, (_, host) in enumerate(entries)}
+
     def _check(self, store: Any) -> None:
         while not self._stopping.wait(HEARTBEAT_EVERY_S):
-            if self.check_once(store):
+            if self.check_alive(store) if self._paused else self.check_once(store):
                 return
 
 
@@ -297,7 +343,7 @@ class NullWatchdog:
         return None
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self, phase: str = "") -> Iterator[None]:
         yield
 
     def stop(self) -> None:

@@ -1,14 +1,15 @@
 """What a run tells people and tools: start-up lines, progress, metrics.jsonl, config.json,
 topology.json, summary.json and the exported final/ model.
 
-Rank 0 writes. Every rank constructs a `Reporter` (after run.wrap(), so config.json has the
-resolved precision) and calls the same methods in the same order: a log step reduces the
-step sums across ranks, and finish() gathers every rank's summary.
+Rank 0 writes. Every rank constructs a `Reporter` and calls the same methods in the same
+order: a log step reduces the step sums across ranks, and finish() gathers every rank's
+summary. start() writes config.json with the resolved choices, so it comes after run.wrap().
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -21,6 +22,7 @@ from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
 from corecpu.compute.wrappers import unwrap
+from corecpu.errors import CoreCPUError
 from corecpu.training.run import Run
 from corecpu.training.schedule import StepStats
 from corecpu.training.steps import Step
@@ -37,10 +39,9 @@ class Reporter:
         self.metrics: MetricsLog | None = None
         self.progress = make_progress(progress, self.console) if self.main else None
         self._task = None
+        self.config = config
         if self.main:
             self.out.mkdir(parents=True, exist_ok=True)
-            self._write("config.json", {**config, "resolved": run.resolved(), "decisions": run.describe()})
-            self._write("topology.json", {"ranks": self.reports})
             self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step,
                                       open_trackers(trackers, self.out, config, rank=run.rank))
         self.started = time.perf_counter()
@@ -49,6 +50,7 @@ class Reporter:
         self._timed_to: float | None = None
         self._timed_samples = 0.0
         self._stats = StepStats()
+        self._last_step = 0  # the last step logged (its loss was finite)
         self.last_loss: float | None = None
         self.last_eval: dict[str, float] | None = None
 
@@ -59,6 +61,10 @@ class Reporter:
         (self.progress.console if self.progress else self.console).print(text)
 
     def start(self, step: int) -> None:
+        """As the loop starts (after run.wrap(): the precision is settled): config.json, topology.json, progress."""
+        if self.main:
+            self._write("config.json", {**self.config, "resolved": self.run.resolved(), "decisions": self.run.describe()})
+            self._write("topology.json", {"ranks": self.reports})
         if self.progress:
             self._task = self.progress.add_task("train", total=self.total_steps, completed=step, status="")
             self.progress.start()
@@ -76,7 +82,13 @@ class Reporter:
         """After each optimizer step on every rank: a record every `log_every` steps and at the last one
         (reducing the sums across ranks only then), and the progress bar."""
         if step.number % self.log_every == 0 or step.is_last:
-            self.log_step(step.number, step.epoch, lr, self._stats.reduce(self.run.all_reduce_sum))
+            stats = self._stats.reduce(self.run.all_reduce_sum)
+            if not math.isfinite(stats["loss"]):  # the same reduced value on every rank: all stop together
+                since = f" (finite at step {self._last_step})" if self._last_step else ""
+                raise CoreCPUError(f"the training loss became {stats['loss']} by step {step.number}{since}; stopped "
+                                   "without saving it over the last checkpoint; lower --lr, or check the data")
+            self._last_step = step.number
+            self.log_step(step.number, step.epoch, lr, stats)
         self.advance(step.number, f"epoch {step.epoch + 1}/{step.epochs}")
 
     def log_step(self, step: int, epoch: int, lr: float, stats: dict[str, float]) -> dict[str, Any]:
@@ -152,4 +164,15 @@ class Reporter:
         return final
 
     def _write(self, name: str, obj: Any) -> None:
-        (self.out / name).write_text(json.dumps(obj, indent=2))
+        # Strict JSON: a NaN or infinity becomes null rather than a bare NaN that JSON readers reject.
+        (self.out / name).write_text(json.dumps(_finite(obj), indent=2, allow_nan=False))
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

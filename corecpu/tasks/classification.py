@@ -32,6 +32,10 @@ class TaskData:
     train: ClassificationData
     eval: ClassificationData | None
 
+    @property
+    def notes(self) -> list[str]:
+        return self.train.notes + (self.eval.notes if self.eval else [])
+
 
 class Classification:
     name = "classification"
@@ -71,12 +75,13 @@ class Classification:
         """Loss, accuracy and F1 over the whole eval set: every rank its shard, counts summed over ranks."""
         num_labels = len(loader.dataset.label_names)
         counts = torch.zeros(3 + 3 * num_labels, dtype=torch.float64)
-        with run.evaluating(model):
+        with run.evaluating(model):  # the reduction too: a rank that stops before it is named as in evaluation
             for batch in loader:
                 weights = {k: batch.pop(k) for k in META_KEYS}["valid"]
                 logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
                 counts += eval_counts(logits, batch["labels"], weights, num_labels)
-        return scores_from_counts(torch.tensor(run.all_reduce_sum(counts.tolist()), dtype=torch.float64), num_labels)
+            total = torch.tensor(run.all_reduce_sum(counts.tolist()), dtype=torch.float64)
+        return scores_from_counts(total, num_labels)
 
     @staticmethod
     def eval_line(step: int, scores: Mapping[str, float]) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from corecpu.training.checkpoint_files import (  # list_checkpoints: re-exported for callers of this module
+from corecpu.training.checkpoint_files import (  # noqa: F401  (list_checkpoints: re-exported for callers)
     PREFIX, STATE, Candidate, checkpoint_root, choose, clean_stale,
     disk_full, list_checkpoints, no_space, prune, read_meta, scan, space_problem, verify, write_atomic)
 from corecpu.compute.wrappers import unwrap

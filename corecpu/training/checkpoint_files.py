@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 
+from corecpu.reliability import preempt
+
 PREFIX = "step-"
 STATE, META, OWNER = "state.pt", "meta.json", "owner.json"
 HASH_CHUNK = 1 << 20
@@ -240,6 +242,8 @@ def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host:
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    # An exit that cannot wait (a second stop signal, the launcher gone) still removes the half-written copy.
+    forget = preempt.on_hard_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
     try:
         (tmp / OWNER).write_text(json.dumps({"host": host, "pid": os.getpid(), "start": _process_start(os.getpid())}))
         torch.save(state, tmp / STATE)
@@ -255,6 +259,8 @@ def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        forget()
     old = None
     if final.exists():  # the same step saved twice: move the old one aside so a checkpoint always exists
         old = final.with_name(f".{final.name}.old-{os.getpid()}")

@@ -76,8 +76,12 @@ class Checkpoints:
         if self._run is None or self._state is None:
             raise CoreCPUError("Checkpoints.save() before run.wrap(model, optimizer, checkpoint=...)")
         model, optimizer, scheduler = self._state
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            kept = f"; {self._saved[1] or 'the last checkpoint'} (step {self._saved[0]}) is kept" if self._saved else ""
+            raise CoreCPUError(f"the model's weights are not finite at step {step.number} (training diverged); "
+                               f"not saved{kept}; lower the learning rate or check the data")
         epoch, batches = step.position
-        with self._run.untimed():
+        with self._run.untimed(f"the checkpoint write of step {step.number}"):
             path = checkpoint.save(self.output_dir, step=step.number, model=model, optimizer=optimizer,
                                    scheduler=scheduler, epoch=epoch, batches_in_epoch=batches,
                                    config=self.config, keep=self.keep)

@@ -71,6 +71,10 @@ class TrainConfig:
         for name in ("max_steps", "save_every", "max_grad_norm", "weight_decay", "pad_to_multiple_of"):
             if getattr(self, name) < 0:
                 raise CoreCPUError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):  # nan slips past every < and > check
+                raise CoreCPUError(f"--{f.name.replace('_', '-')} must be a finite number, got {value}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise CoreCPUError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:

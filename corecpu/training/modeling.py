@@ -88,6 +88,11 @@ def read_model_config(path: Path) -> dict[str, Any]:
         raise CoreCPUError(f"cannot read {path / 'config.json'} ({exc.strerror}); check its permissions") from None
     if not isinstance(config, dict):
         raise CoreCPUError(f"{path / 'config.json'} is not a JSON object; restore it or pass --model with another model directory")
+    if config.get("auto_map"):
+        # A model whose classes are Python files in its directory: loading it would run that code.
+        raise CoreCPUError(f"{path / 'config.json'} maps the model to Python code in its directory (auto_map), and "
+                           "corecpu never runs a model directory's own code; use a model whose architecture "
+                           "transformers ships, or remove auto_map if the architecture is a standard one")
     return config
 
 
@@ -141,7 +146,8 @@ def check_inputs(spec: str, tokenizer: PreTrainedTokenizerBase, max_seq_len: int
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     path = resolve_model_dir(spec)
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        # Never the directory's own Python (auto_map): transformers would otherwise ask on a terminal.
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
         raise CoreCPUError(f"cannot load a tokenizer from '{path}' ({_first_line(exc)}); the model directory needs its tokenizer files") from None
 
@@ -167,7 +173,8 @@ def load_model(spec: str, label_names: list[str], seed: int) -> tuple[PreTrained
     hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            str(path), num_labels=num_labels, id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True
+            str(path), num_labels=num_labels, id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True,
+            trust_remote_code=False,
         )
     except Exception as exc:
         raise CoreCPUError(f"cannot load a sequence-classification model from '{path}' ({_first_line(exc)}); pass --model with a Hugging Face model directory") from None

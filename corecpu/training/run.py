@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, MutableMapping, Sequence
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
@@ -72,6 +71,7 @@ class _Late:
     checkpoints: Checkpoints | None = None
     store: Any = None  # the rendezvous store: the watchdog's heartbeats go there
     watchdog: Any = None
+    step: int = 0  # the optimizer step the loop body is performing (run.steps() keeps it), for messages
     closers: list[Callable[[], None]] = field(default_factory=list)
     closed: bool = False
 
@@ -283,7 +283,8 @@ class Run:
         """Evaluation mode without gradients, not timed by the watchdog; training mode again after."""
         model.eval()
         try:
-            with self.untimed(), torch.no_grad():
+            at = f" at step {self._late.step}" if self._late.step else ""
+            with self.untimed(f"evaluation{at}"), torch.no_grad():
                 yield
         finally:
             model.train()
@@ -346,9 +347,10 @@ class Run:
             self._late.closers.append(self._late.watchdog.stop)
         return self._late.watchdog
 
-    def untimed(self) -> ContextManager:
-        """A phase no step predicts (evaluation, a checkpoint write): the watchdog does not time it."""
-        return self._late.watchdog.paused() if self._late.watchdog is not None else contextlib.nullcontext()
+    def untimed(self, phase: str) -> ContextManager:
+        """A phase no step predicts (evaluation, a checkpoint write): the watchdog does not time it, but a
+        rank that stops during it (its heartbeat stands still) is still named and the job ended."""
+        return self._late.watchdog.paused(phase) if self._late.watchdog is not None else contextlib.nullcontext()
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call `fn` when the run closes (last registered, first called), whatever ends it."""

@@ -32,6 +32,11 @@ class Schedule:
         if self.grad_accum < 1 or self.epochs < 1 or self.max_steps < 0:
             raise CoreCPUError(f"bad schedule: grad_accum {self.grad_accum}, epochs {self.epochs}, "
                                f"max_steps {self.max_steps}; use positive numbers")
+        if self.grad_accum > self.micro_per_epoch:
+            # One short step per epoch, and a global batch that is not what it says: refuse instead.
+            raise CoreCPUError(f"grad_accum {self.grad_accum} is more than the {self.micro_per_epoch} batches an epoch "
+                               f"gives each rank; use --grad-accum {self.micro_per_epoch} or less, or a smaller "
+                               "--batch-size")
 
     @classmethod
     def for_data(cls, num_examples: int, batch_size: int, world_size: int, grad_accum: int, epochs: int,

@@ -99,6 +99,7 @@ class Steps:
                     n = sched.group_len(micro)
                     current = Step(self, it, number=step + 1, epoch=epoch, first_micro=micro, group_len=n,
                                    ends_epoch=sched.epoch_done(micro + n), is_last=step + 1 >= sched.total_steps)
+                    self.run._late.step = current.number
                     yield current
                     if current.consumed != n:
                         raise CoreCPUError(f"step {current.number} used {current.consumed} of its {n} micro-batches; "

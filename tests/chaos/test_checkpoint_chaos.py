@@ -10,11 +10,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT
 from corecpu.training import checkpoint_files as store
-from test_e2e import TINY, launch, records
-
-pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
+from helpers.common import ROOT
+from helpers.launching import TINY, launch, records
 
 
 def test_resume_auto_skips_a_truncated_newest_checkpoint_with_identical_losses(tmp_path):

@@ -8,11 +8,7 @@ import signal
 import socket
 from pathlib import Path
 
-import pytest
-
-from chaoslib import TINY, launch_env, processes, rank_pids, start, survivors, wait_for_step
-
-pytestmark = pytest.mark.chaos
+from helpers.chaoslib import TINY, launch_env, rank_pids, start, survivors, wait_for_step
 
 
 def listening_addresses(port: int) -> set[str]:

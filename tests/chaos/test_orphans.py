@@ -5,11 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
-
-from chaoslib import TINY, launcher_pid, processes, rank_pids, start, survivors, wait_for_step
-
-pytestmark = pytest.mark.chaos
+from helpers.chaoslib import TINY, launcher_pid, processes, rank_pids, start, survivors, wait_for_step
 
 LONG = [*TINY, "--max-steps", "100000", "--log-every", "1", "--batch-size", "8"]
 

@@ -15,10 +15,8 @@ import sys
 
 import pytest
 
-from chaoslib import ROOT, TINY, complete_checkpoint, launcher_pid, losses, rank_pids, run, start, survivors, wait_for_step
 from corecpu.reliability.preempt import EXIT_STOPPED
-
-pytestmark = pytest.mark.chaos
+from helpers.chaoslib import ROOT, TINY, complete_checkpoint, losses, rank_pids, run, start, survivors, wait_for_step
 
 # 150 steps of 2 x batch 8 cross the epoch boundary at 125; the signal comes at step 10.
 COMMON = [*TINY, "--max-steps", "150", "--log-every", "1", "--batch-size", "8"]

@@ -11,17 +11,10 @@ import time
 
 import pytest
 
-from chaoslib import ROOT, TINY, launch_env, start, survivors
-
-pytestmark = pytest.mark.chaos
+from helpers.chaoslib import ROOT, TINY, launch_env, start, survivors
+from helpers.common import free_port
 
 RANK1_OF_2 = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("corecpu.cli", "corecpu.bind", "corecpu.launch", "corecpu.install", "corecpu"),
 )
 TORCH_FREE = ("corecpu", "corecpu.errors", "corecpu.envvars", "corecpu.cluster", "corecpu.cpu", "corecpu.launching",
-              "corecpu.reliability.lifeline", "corecpu.data.types", "corecpu.data.builtin", "corecpu.cli",
+              "corecpu.reliability.lifeline", "corecpu.data.types", "corecpu.data.builtin", "corecpu.data.qa",
+              "corecpu.data.builtin_qa", "corecpu.cli",
               "corecpu.bind", "corecpu.launch", "corecpu.install")
 MAX_FUNCTION_LEVEL = 10
 

@@ -1,0 +1,136 @@
+"""Tier 3: whole runs through launch.sh and train.py with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.common import ROOT
+from helpers.launching import TINY, env_for_launch, launch, records
+
+
+def single(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_launch_two_ranks_tiny(tmp_path):
+    out = tmp_path / "run"
+    proc = launch(2, *TINY, "--max-steps", "12", "--log-every", "1", "--save-every", "5", "--output-dir", str(out))
+    assert "model saved to" in proc.stdout
+    train, evals = records(out)
+    assert [r["step"] for r in train] == list(range(1, 13))
+    for r in train:
+        assert {"step", "loss", "lr", "samples_per_s", "tokens_per_s"} <= r.keys() and r["samples_per_s"] > 0
+    assert len(evals) == 1 and evals[0]["step"] == 12 and 0 <= evals[0]["eval_f1"] <= 1
+    # Two ranks, each on its own CPU with one thread (this machine has 2 cores).
+    ranks = json.loads((out / "topology.json").read_text())["ranks"]
+    assert len(ranks) == 2
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert set(ranks[0]["cpus"]).isdisjoint(ranks[1]["cpus"])
+        assert [r["torch_threads"] for r in ranks] == [1, 1]
+    # Checkpoints: step 5, 10 and the final 12; keep the newest 2.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000010", "step-00000012"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"][0]["param_checksum"] == summary["ranks"][1]["param_checksum"]
+    # The final model loads with plain transformers, in a process that never imports corecpu.
+    code = ("import sys, torch; from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T;"
+            "m = M.from_pretrained(sys.argv[1]); t = T.from_pretrained(sys.argv[1]);"
+            "x = t(['a fine kettle'], return_tensors='pt'); print(m(**x).logits.shape[-1], m.config.id2label[1]);"
+            "assert 'corecpu' not in sys.modules")
+    check = subprocess.run([sys.executable, "-c", code, str(out / "final")], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=120)
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.split() == ["2", "positive"]
+
+
+def test_auto_precision_is_measured_once_then_cached(tmp_path, monkeypatch):
+    from corecpu.cpu.hardware import read_cpu_features
+    from corecpu.compute.precision import has_amx
+
+    if has_amx(read_cpu_features()):
+        pytest.skip("AMX means bf16 without measuring")
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    sources = []
+    for run in ("first", "second"):
+        out = tmp_path / run
+        proc = launch(2, "--model", "tiny", "--progress", "off", "--max-steps", "1", "--output-dir", str(out))
+        resolved = json.loads((out / "config.json").read_text())["resolved"]
+        assert resolved["precision"] in ("fp32", "bf16") and resolved["bf16_speedup"] > 0
+        assert f"precision {resolved['precision']} (measured bf16 {resolved['bf16_speedup']:.2f}x" in proc.stdout
+        sources.append(resolved["source"])
+    assert sources == ["measured", "cached"]
+    assert len(json.loads((tmp_path / "cache" / "precision.json").read_text())["entries"]) == 1
+
+
+def test_plain_torchrun_ranks_are_planned_in_process(tmp_path):
+    # torchrun binds nothing and sets OMP_NUM_THREADS=1; train.py must plan this node itself.
+    out = tmp_path / "torchrun"
+    proc = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+                           str(ROOT / "train.py"), *TINY, "--max-steps", "3", "--eval-data", "none",
+                           "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 rank(s) via torchrun" in proc.stdout
+    ranks = json.loads((out / "topology.json").read_text())["ranks"]
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert [r["binding"] for r in ranks] == ["planned and bound in-process"] * 2
+        assert set(ranks[0]["cpus"]).isdisjoint(ranks[1]["cpus"])
+
+
+def test_one_rank_batch_8_equals_two_ranks_batch_4(tmp_path):
+    common = [*TINY, "--max-steps", "8", "--log-every", "1", "--eval-data", "none"]
+    one = single(*common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    launch(2, *common, "--batch-size", "4", "--output-dir", str(tmp_path / "two"))
+    a, _ = records(tmp_path / "one")
+    b, _ = records(tmp_path / "two")
+    assert len(a) == len(b) == 8
+    for ra, rb in zip(a, b):
+        assert ra["lr"] == rb["lr"]
+        assert abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
+    assert a[0]["loss"] != a[-1]["loss"]  # the model trained
+
+
+def test_killed_run_resumes_with_identical_losses(tmp_path):
+    # grad-accum 2 x batch 8 x 2 ranks: 63 optimizer steps per epoch, so 80 steps cross an epoch boundary.
+    common = [*TINY, "--max-steps", "80", "--log-every", "1", "--save-every", "5", "--grad-accum", "2",
+              "--batch-size", "8", "--eval-data", "none"]
+    launch(2, *common, "--output-dir", str(tmp_path / "straight"))
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen(["bash", str(ROOT / "launch.sh"), "2", *common, "--output-dir", str(out)],
+                            env=env_for_launch(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and any(json.loads(l).get("step", 0) >= 67 for l in metrics.read_text().splitlines()
+                                        if l.endswith("}")):
+                break
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # a crash: no chance to write anything more
+        proc.wait()
+    saved = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+    assert saved and 65 <= saved[-1] < 80, f"run was not interrupted mid-way: checkpoints {saved}"
+    resumed = launch(2, *common, "--output-dir", str(out), "--resume", "auto")
+    assert f"resuming from {out / 'checkpoints'}" in resumed.stdout.replace("\n", "")
+    a, _ = records(tmp_path / "straight")
+    b, _ = records(out)
+    assert [r["step"] for r in b] == list(range(1, 81))
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert [r["lr"] for r in a] == [r["lr"] for r in b]
+
+
+def test_default_model_learns_the_builtin_task(tmp_path):
+    # A short run of the real pretrained model: well above chance (0.5) on held-out data.
+    out = tmp_path / "minilm"
+    launch(2, "--max-steps", "60", "--log-every", "20", "--progress", "off", "--output-dir", str(out), timeout=600)
+    _, evals = records(out)
+    assert evals[-1]["eval_accuracy"] > 0.7, evals

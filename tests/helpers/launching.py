@@ -1,0 +1,46 @@
+"""Whole runs for the e2e and chaos tiers: launch.sh with this test run's virtualenv, the records
+a run leaves in metrics.jsonl, and train.py runs that must fail in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.common import ROOT
+
+TINY = ["--model", "tiny", "--precision", "fp32", "--progress", "off"]
+
+
+def env_for_launch() -> dict[str, str]:
+    # launch.sh uses the active virtualenv: the one running these tests.
+    bindir = str(Path(sys.executable).parent)
+    return {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parent.parent), "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+def launch(n: int, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), str(n), *args], env=env_for_launch(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def records(out: Path) -> tuple[list[dict], list[dict]]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r], [r for r in rows if "eval_accuracy" in r]
+
+
+def run_train(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """train.py that must fail: one clear last line, no traceback, no output directory left."""
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "train.py"), "--model", "tiny", "--output-dir", str(out), *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists(), "a failed run left an output directory behind"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("corecpu: error: "), proc.stderr
+    return proc, last

@@ -1,0 +1,56 @@
+"""Tier 1: CPU flag detection (the precision decision is tested in tests/unit/compute/test_precision.py)."""
+
+import sys
+import types
+
+from corecpu.cpu.hardware import parse_proc_cpuinfo, read_cpu_features
+
+CPUINFO = """processor	: 0
+vendor_id	: GenuineIntel
+model name	: Intel(R) Xeon(R) Platinum 8480+
+flags		: fpu sse avx512f avx512_vnni amx_bf16 amx_tile avx512_bf16
+
+processor	: 1
+model name	: Intel(R) Xeon(R) Platinum 8480+
+flags		: fpu sse
+"""
+
+
+def test_parse_proc_cpuinfo_reads_first_processor():
+    model, flags = parse_proc_cpuinfo(CPUINFO)
+    assert model == "Intel(R) Xeon(R) Platinum 8480+"
+    assert {"amx_bf16", "avx512_bf16", "avx512f"} <= flags
+
+
+def test_read_cpu_features_from_fake_proc(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text(CPUINFO)
+    feats = read_cpu_features(path, use_cpuinfo_lib=False)
+    assert feats.has_native_bf16 and feats.tracked()["amx_tile"] and not feats.tracked()["amx_int8"]
+    path.write_text(CPUINFO.replace(" amx_bf16 amx_tile avx512_bf16", ""))
+    assert not read_cpu_features(path, use_cpuinfo_lib=False).has_native_bf16
+
+
+def fake_cpuinfo_lib(monkeypatch, flags, brand="Lib Brand CPU"):
+    """py-cpuinfo replaced by a module that reports `flags` (what CPUID would say)."""
+    fake = types.ModuleType("cpuinfo")
+    fake.get_cpu_info = lambda: {"flags": list(flags), "brand_raw": brand}
+    monkeypatch.setitem(sys.modules, "cpuinfo", fake)
+
+
+def test_kernel_and_cpuid_flags_are_merged_by_the_rules(tmp_path, monkeypatch):
+    # The kernel lists avx512f and amx_tile; CPUID (py-cpuinfo) adds avx512_bf16, which this older kernel
+    # does not print, and amx_bf16, which the kernel hides (no AMX permission) and so must not count.
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nmodel name\t: Kernel CPU\nflags\t\t: fpu avx512f amx_tile\n")
+    fake_cpuinfo_lib(monkeypatch, ["fpu", "avx512_bf16", "amx_bf16"])
+    feats = read_cpu_features(path)
+    assert feats.model_name == "Kernel CPU"
+    assert feats.tracked() == {"avx512f": True, "avx512_vnni": False, "avx512_bf16": True, "amx_bf16": False,
+                               "amx_tile": True, "amx_int8": False}  # kernel-only, CPUID-only, hidden AMX, absent
+    # Without the kernel's word (no /proc/cpuinfo), CPUID alone answers, AMX included, and names the CPU.
+    alone = read_cpu_features(tmp_path / "missing")
+    assert alone.flags == {"fpu", "avx512_bf16", "amx_bf16"} and alone.model_name == "Lib Brand CPU"
+    # A py-cpuinfo that fails leaves the kernel's flags.
+    monkeypatch.setattr(sys.modules["cpuinfo"], "get_cpu_info", lambda: 1 / 0)
+    assert read_cpu_features(path).flags == {"fpu", "avx512f", "amx_tile"}

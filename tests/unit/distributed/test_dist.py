@@ -1,0 +1,93 @@
+"""Backend choice, MASTER_ADDR defaults, where the store listens, start-up timeout and teardown."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from corecpu.distributed.process_group import (choose_backend, init_distributed, master_address, resolve_master,
+                                              route_interface, store_bind_address, teardown)
+from corecpu.errors import CoreCPUError
+from corecpu.cluster.launchers import detect_launcher
+from helpers.common import ROOT, free_port
+
+
+def test_auto_backend_is_gloo_without_torch_ccl():
+    backend, reason = choose_backend("auto")
+    assert backend == "gloo" and "oneccl_bindings_for_pytorch" in reason
+
+
+def test_ccl_without_bindings_is_an_error_not_a_fallback():
+    with pytest.raises(CoreCPUError, match="--backend ccl needs oneccl_bindings_for_pytorch"):
+        choose_backend("ccl")
+
+
+def test_mpi_backend_needs_mpi_build():
+    if dist.is_mpi_available():
+        pytest.skip("this torch has MPI")
+    with pytest.raises(CoreCPUError, match="PyTorch built with MPI"):
+        choose_backend("mpi")
+
+
+def test_unknown_backend():
+    with pytest.raises(CoreCPUError, match="unknown backend 'nccl'; use one of: auto, gloo, ccl, mpi"):
+        choose_backend("nccl")
+
+
+def test_master_defaults_on_one_host():
+    info = detect_launcher({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    assert master_address({}, info) == ("127.0.0.1", 29500)
+    assert master_address({"MASTER_ADDR": "h0", "MASTER_PORT": "1234"}, info) == ("h0", 1234)
+
+
+def test_master_addr_required_across_hosts():
+    info = detect_launcher({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    with pytest.raises(CoreCPUError, match="MASTER_ADDR is not set but the 4 ranks span several hosts"):
+        master_address({}, info)
+    with pytest.raises(CoreCPUError, match="MASTER_PORT='x' is not a TCP port"):
+        master_address({"MASTER_ADDR": "h", "MASTER_PORT": "x"}, info)
+
+
+def test_loopback_route():
+    assert route_interface("127.0.0.1") == "lo"
+
+
+def test_single_process_needs_no_group():
+    ctx = init_distributed("auto", env={})
+    assert ctx.backend == "none" and not dist.is_initialized()
+
+
+def test_one_rank_group_and_teardown():
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port())}
+    ctx = init_distributed("gloo", env=env)
+    assert ctx.backend == "none"  # one rank: nothing to synchronise
+    teardown()
+    assert not dist.is_initialized()
+
+
+def test_missing_rank_times_out_with_a_clear_message():
+    # Rank 0 of 2 alone: must fail fast, naming the address and the fix.
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
+    code = "from corecpu.errors import run_cli; from corecpu.distributed.process_group import init_distributed; run_cli(lambda: init_distributed('gloo', 3))"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 40
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rank 0 waited 3s" in lines[0] and "MASTER_ADDR" in lines[0], proc.stderr
+
+
+def test_store_listens_on_master_addr_only_when_every_rank_is_local():
+    assert store_bind_address("127.0.0.1", all_local=True) == "127.0.0.1"
+    assert store_bind_address("10.0.0.5", all_local=False) == "0.0.0.0"
+    assert store_bind_address("fd00::5", all_local=False) == "::"
+
+
+def test_unresolvable_master_addr_is_named():
+    assert resolve_master("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(CoreCPUError, match="MASTER_ADDR 'no-such-host.invalid' does not resolve"):
+        resolve_master("no-such-host.invalid")

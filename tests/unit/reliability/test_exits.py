@@ -1,0 +1,58 @@
+"""Exits that cannot wait still clean up, and the stop signals reach the ranks however they were started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from corecpu.launching.launch import _launcher_child
+from corecpu.reliability import preempt
+from corecpu.training import checkpoint_files
+from helpers.common import ROOT
+
+SHOW = "import signal; print(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)"
+
+
+def test_hard_exit_runs_the_cleanups_then_exits_with_the_code(tmp_path):
+    marker = tmp_path / "cleaned"
+    code = ("from pathlib import Path; from corecpu.reliability import preempt\n"
+            f"preempt.on_hard_exit(lambda: Path({str(marker)!r}).write_text('yes'))\n"
+            "forget = preempt.on_hard_exit(lambda: 1 / 0)  # a failing clean-up does not stop the exit\n"
+            "preempt.hard_exit(75)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 75 and marker.read_text() == "yes", proc.stderr
+
+
+def test_a_checkpoint_being_written_is_removed_by_a_hard_exit(tmp_path, monkeypatch):
+    seen = {}
+
+    def save_and_look(state, path):
+        seen["tmp"] = Path(path).parent
+        seen["cleanups"] = list(preempt._exit_cleanups)
+        Path(path).write_bytes(b"x" * 10)
+
+    monkeypatch.setattr(checkpoint_files.torch, "save", save_and_look)
+    checkpoint_files.write_atomic(tmp_path / "step-00000001", {"a": torch.zeros(1)}, {"step": 1}, "host")
+    assert seen["tmp"].name == ".step-00000001.tmp-" + seen["tmp"].name.rsplit("-", 1)[1]
+    assert len(seen["cleanups"]) == 1 and not preempt._exit_cleanups  # registered while writing, then forgotten
+    seen["tmp"].mkdir()
+    seen["cleanups"][0]()  # what hard_exit would run mid-write
+    assert not seen["tmp"].exists()
+
+
+def test_the_launcher_starts_with_stop_signals_ignored_and_bind_gives_them_back():
+    # scancel signals every process: impi-rt's mpirun (a shell script) must not die of it; the ranks must.
+    plain = subprocess.run([sys.executable, "-c", SHOW], preexec_fn=_launcher_child, capture_output=True, text=True,
+                           timeout=60)
+    assert plain.stdout.split() == ["True", "True"], plain.stderr
+    shell = subprocess.run(["sh", "-c", "trap - TERM; kill -TERM $$; echo survived"], preexec_fn=_launcher_child,
+                           capture_output=True, text=True, timeout=60)
+    assert shell.stdout.strip() == "survived"  # a shell cannot take back an ignored signal
+    bound = subprocess.run([sys.executable, "-m", "corecpu.bind", "--", sys.executable, "-c", SHOW], cwd=ROOT,
+                           preexec_fn=_launcher_child, capture_output=True, text=True, timeout=120)
+    assert bound.returncode == 0 and bound.stdout.split() == ["False", "False"], bound.stderr
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process untouched

@@ -1,0 +1,90 @@
+"""What must not train silently wrong: a non-finite flag, a gradient accumulation longer than an epoch,
+a loss or weights that stop being finite, a summary.json that is not JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import corecpu
+from corecpu.errors import CoreCPUError
+from corecpu.reporting.reporter import Reporter
+from corecpu.training.config import parse_config
+from corecpu.training.schedule import Schedule
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--weight-decay", "nan"], "--weight-decay must be a finite number, got nan"),
+    (["--weight-decay", "inf"], "--weight-decay must be a finite number, got inf"),
+    (["--max-grad-norm", "nan"], "--max-grad-norm must be a finite number"),  # nan would turn clipping off
+    (["--warmup-ratio", "nan"], "--warmup-ratio must be a finite number"),
+    (["--lr", "inf"], "--lr must be a finite number"),
+])
+def test_float_flags_must_be_finite(argv, fragment):
+    with pytest.raises(CoreCPUError, match=fragment.replace("[", r"\[")):
+        parse_config(argv)
+
+
+def test_grad_accum_longer_than_an_epoch_is_refused():
+    with pytest.raises(CoreCPUError, match="grad_accum 1000 is more than the 63 batches an epoch gives each rank; "
+                                           "use --grad-accum 63 or less"):
+        Schedule.for_data(2000, 16, 2, grad_accum=1000, epochs=3)
+    assert Schedule.for_data(2000, 16, 2, grad_accum=63, epochs=3).steps_per_epoch == 1  # the whole epoch is fine
+
+
+def _step(number: int, last: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(number=number, is_last=last, epoch=0, epochs=1, position=(0, number))
+
+
+@pytest.fixture
+def one_process(monkeypatch, tmp_path):
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("OMP_NUM_THREADS", "CORECPU_THREADS_DECISION"):  # setup() sets them; monkeypatch restores
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    threads = torch.get_num_threads()
+    with corecpu.setup(precision="fp32", ipex="off", threads=1) as run:
+        yield run
+    torch.set_num_threads(threads)
+
+
+def test_a_non_finite_loss_stops_the_run_with_one_line(one_process, tmp_path):
+    report = Reporter(one_process, tmp_path / "out", {}, total_steps=10, progress="off", log_every=2)
+    report.add(torch.tensor(0.7), 8, 80)
+    report.step_done(_step(1), 1e-3)
+    report.add(torch.tensor(0.6), 8, 80)
+    report.step_done(_step(2), 1e-3)  # logged: finite
+    report.add(torch.tensor(float("nan")), 8, 80)
+    report.step_done(_step(3), 1e-3)  # not a log step: no sync, no check
+    report.add(torch.tensor(0.5), 8, 80)
+    with pytest.raises(CoreCPUError, match=r"the training loss became nan by step 4 \(finite at step 2\)"):
+        report.step_done(_step(4), 1e-3)
+    report.close()
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2]  # the non-finite record is not written
+
+
+def test_non_finite_weights_are_never_saved_over_a_good_checkpoint(one_process, tmp_path):
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = corecpu.Checkpoints(tmp_path / "out", every=1, resume="")
+    model, opt = one_process.wrap(model, opt, checkpoint=ckpt)
+    good = ckpt.save(_step(1))
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    with pytest.raises(CoreCPUError, match=r"not finite at step 2 \(training diverged\); not saved; .*step-00000001"):
+        ckpt.save(_step(2))
+    assert [p.name for p in (tmp_path / "out" / "checkpoints").iterdir()] == [good.name]
+
+
+def test_summary_files_are_strict_json(one_process, tmp_path):
+    report = Reporter(one_process, tmp_path / "out", {"x": math.nan}, total_steps=1, progress="off")
+    report._write("summary.json", {"final_loss": math.nan, "ranks": [{"loss": math.inf}], "ok": 1.5})
+    report.close()
+    text = (tmp_path / "out" / "summary.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"final_loss": None, "ranks": [{"loss": None}], "ok": 1.5}

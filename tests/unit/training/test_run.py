@@ -1,0 +1,112 @@
+"""The front door: corecpu.setup() under each launcher's variables, the frozen Run.
+Two ranks through it: tests/multiprocess/test_front_door.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import corecpu
+from corecpu.errors import CoreCPUError
+
+# One process of one under each launcher: setup() must read the launcher and create no process group.
+LAUNCHER_ENVS = {
+    "torchrun": {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"},
+    "intel-mpi": {"PMI_RANK": "0", "PMI_SIZE": "1", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"},
+    "openmpi": {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "1"},
+    "mvapich": {"MV2_COMM_WORLD_RANK": "0", "MV2_COMM_WORLD_SIZE": "1"},
+    "slurm": {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "1"},
+    "single": {},
+}
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    # setenv first so monkeypatch restores even variables that setup() creates (OMP_NUM_THREADS, ...).
+    names = [n for env in LAUNCHER_ENVS.values() for n in env]
+    for name in names + ["OMP_NUM_THREADS", "CORECPU_THREADS_DECISION", "CORECPU_BOUND_CPUS", "MASTER_ADDR",
+                         "MASTER_PORT"]:
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
+    threads = torch.get_num_threads()
+    yield monkeypatch
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHER_ENVS))
+def test_setup_reads_each_launcher_once_without_a_process_group(clean_env, launcher):
+    for k, v in LAUNCHER_ENVS[launcher].items():
+        clean_env.setenv(k, v)
+    with corecpu.setup(precision="fp32", allreduce="auto", ipex="off") as run:
+        assert run.launch.launcher == launcher
+        assert (run.rank, run.world_size, run.local_rank, run.is_main) == (0, 1, 0, True)
+        assert not torch.distributed.is_initialized()
+        d = run.describe()
+        assert d["backend"].startswith("none") and d["allreduce"].startswith("none")
+        assert d["precision"].startswith("fp32") and d["ipex"] == "off"
+        assert run.threads >= 1 and str(run.threads) in d["threads"]
+        assert run.resolved()["precision"] == "fp32"
+
+
+def test_run_is_frozen(clean_env):
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            run.threads = 99  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"precision": "fp16"}, "precision must be one of"),
+    ({"threads": -1}, "threads must be"),
+    ({"dist_timeout": 0}, "dist_timeout must be"),
+    ({"ipex": "on"}, "ipex must be"),
+    ({"backend": "nccl"}, "backend must be one of"),
+])
+def test_setup_errors_speak_library_terms(clean_env, kwargs, fragment):
+    with pytest.raises(CoreCPUError, match=fragment) as info:
+        corecpu.setup(**kwargs)
+    assert "--" not in str(info.value).split(";")[0]  # library terms, not CLI flags
+    assert not torch.distributed.is_initialized()
+
+
+def test_precision_auto_is_settled_by_wrap_and_autocast_follows(clean_env):
+    with corecpu.setup(ipex="off") as run:
+        assert run.precision is None and "settled when the model is wrapped" in run.describe()["precision"]
+        with pytest.raises(CoreCPUError, match="before wrap"):
+            run.autocast()
+        model, opt = run.wrap(torch.nn.Linear(3, 2), None)
+        assert run.precision is not None and run.precision.name in ("fp32", "bf16")
+        with run.autocast():
+            out = model(torch.randn(2, 3))
+        assert out.dtype == (torch.bfloat16 if run.precision.name == "bf16" else torch.float32)
+        assert type(model) is torch.nn.Linear  # one process: no DDP wrapper
+        assert corecpu.unwrap(model) is model
+
+
+def test_agreeing_reraises_a_library_error(clean_env):
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        with pytest.raises(CoreCPUError, match="bad file"):
+            with run.agreeing():
+                raise CoreCPUError("bad file")
+
+
+def test_loader_shards_any_map_style_dataset(clean_env):
+    data = torch.utils.data.TensorDataset(torch.arange(10).float())
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        seen = sorted(int(v) for (batch,) in run.loader(data, batch_size=3, seed=1) for v in batch)
+    assert seen == list(range(10))
+
+
+def test_cpus_the_launcher_gave_are_known_even_if_torch_came_first(monkeypatch):
+    from corecpu.cpu import threads
+    monkeypatch.setattr(threads, "CPUS_AT_START", frozenset({0, 1, 2, 3}))
+    # corecpu.bind said which CPUs this rank has: that wins, whatever was imported first.
+    assert threads.launcher_cpus({"CORECPU_BOUND_CPUS": "4-5"}) == (frozenset({4, 5}), None)
+    # torch first, but no OpenMP binding variable: the affinity at `import corecpu` is still the launcher's.
+    monkeypatch.setattr(threads, "TORCH_LOADED_FIRST", True)
+    assert threads.launcher_cpus({}) == (frozenset({0, 1, 2, 3}), None)
+    # torch first with OMP_PROC_BIND set: libgomp may have narrowed the mask already; say so.
+    cpus, warning = threads.launcher_cpus({"OMP_PROC_BIND": "close"})
+    assert cpus == frozenset({0, 1, 2, 3}) and "OMP_PROC_BIND" in warning and "import corecpu first" in warning
