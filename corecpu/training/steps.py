@@ -34,12 +34,13 @@ class Step:
     """One optimizer step: its micro-batches, and where it sits in the run."""
 
     def __init__(self, loop: "Steps", it: Iterator[Any], *, number: int, epoch: int, first_micro: int,
-                 group_len: int, ends_epoch: bool, is_last: bool) -> None:
+                 group_len: int, ends_epoch: bool, is_last: bool, divisor: int | None = None) -> None:
         self._loop, self._it = loop, it
         self.number = number  # 1-based: the optimizer step this body performs
         self.epoch = epoch  # 0-based
         self.first_micro = first_micro  # this step's first micro-batch within the epoch
         self.group_len = group_len  # micro-batches in this step (the epoch's last group may be short)
+        self.divisor = divisor or group_len  # its accumulation group's length (more, after a resume mid-group)
         self.ends_epoch = ends_epoch
         self.is_last = is_last
         self.consumed = 0
@@ -59,7 +60,7 @@ class Step:
 
     def backward(self, loss: "torch.Tensor") -> None:
         """loss.backward() scaled so that the step averages over all its micro-batches."""
-        (loss / self.group_len).backward()
+        (loss / self.divisor).backward()
 
     @property
     def epochs(self) -> int:
@@ -96,9 +97,13 @@ class Steps:
                 set_epoch(self.loader, epoch, skip_batches=micro)
                 it = iter(self.loader)
                 while micro < sched.micro_per_epoch:
-                    n = sched.group_len(micro)
+                    # To the end of micro's accumulation group: a resume lands on a group's start, unless
+                    # grad_accum changed since the checkpoint; then the first step finishes the group.
+                    group = sched.group_len(micro)
+                    n = micro - micro % sched.grad_accum + group - micro
                     current = Step(self, it, number=step + 1, epoch=epoch, first_micro=micro, group_len=n,
-                                   ends_epoch=sched.epoch_done(micro + n), is_last=step + 1 >= sched.total_steps)
+                                   ends_epoch=sched.epoch_done(micro + n), is_last=step + 1 >= sched.total_steps,
+                                   divisor=group)
                     self.run._late.step = current.number
                     yield current
                     if current.consumed != n:
