@@ -2,6 +2,7 @@
 
     ./launch.sh 2                                   # 2 ranks through mpirun, the built-in job
     ./launch.sh 4 --data train.tsv --eval-data dev.tsv --model PATH
+    ./launch.sh 2 --task qa --data train-v1.1.json --eval-data dev-v1.1.json   # extractive QA (SQuAD)
     torchrun --nproc-per-node 2 train.py --model tiny
     python train.py --help
 
@@ -18,7 +19,7 @@ from transformers import get_linear_schedule_with_warmup
 import corecpu
 from corecpu.reporting.reporter import Reporter
 from corecpu.reporting.trackers import parse_report_to
-from corecpu.tasks.classification import Classification
+from corecpu.tasks.registry import make_task
 from corecpu.training import outputs
 from corecpu.training.config import TrainConfig, parse_config
 from corecpu.training.modeling import check_inputs, load_tokenizer, optimizer_groups, weights_bytes
@@ -31,7 +32,7 @@ def main() -> None:
 
 
 def train(cfg: TrainConfig, run: corecpu.Run) -> None:
-    task = Classification()
+    task = make_task(cfg)  # classification or qa: how data becomes features, the model class, what eval computes
     # -------------------------------------------------------------- data and model
     # Every rank validates its inputs; a bad file on one host stops every rank with its message.
     with run.agreeing():
@@ -39,12 +40,12 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
         outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights_bytes(cfg.model), cfg.keep_checkpoints))
         tokenizer = load_tokenizer(cfg.model)
         check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
-        data = task.load(cfg)
-        model, model_desc = task.model(cfg, data)
+        data = task.load()
+        model, model_desc = task.model(data)
 
     torch.manual_seed(cfg.seed + run.rank)  # dropout differs per rank; the data order does not (sampler seed)
-    train_set, eval_set = task.features(cfg, data, tokenizer, run)
-    collate = task.collate(cfg, tokenizer)
+    train_set, eval_set = task.features(data, tokenizer, run)
+    collate = task.collate(tokenizer)
     loader = run.loader(train_set, cfg.batch_size, seed=cfg.seed, collate_fn=collate,
                         lengths=train_set.lengths if cfg.group_by_length else None)
     eval_loader = run.eval_loader(eval_set, cfg.batch_size, collate_fn=collate) if eval_set else None

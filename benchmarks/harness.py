@@ -150,8 +150,8 @@ def corecpu_records(metrics_lines: list[str]) -> tuple[list[dict[str, Any]], lis
     steps, evals = [], []
     for line in metrics_lines:
         rec = json.loads(line)
-        if "eval_accuracy" in rec:
-            evals.append({k: rec[k] for k in ("step", "eval_accuracy", "eval_f1", "eval_loss") if k in rec})
+        if "eval_accuracy" in rec or "eval_exact_match" in rec:  # classification or QA
+            evals.append({k: v for k, v in rec.items() if k == "step" or k.startswith("eval_")})
         elif "elapsed_s" in rec:
             if "samples" not in rec:
                 raise ValueError("corecpu's metrics.jsonl has no per-step 'samples' count; this benchmark needs "

@@ -1,8 +1,8 @@
 """A generated extractive QA set (SQuAD-style) that needs no download: `builtin_qa_dataset(split)`.
 
 Each context is a short report about invented people and places (so a pretrained model knows
-none of the answers), about 300 tokens long (all-MiniLM-L6-v2 / BERT uncased), a quarter of
-them past 384 tokens so that doc-stride windows get exercised. Questions ask for one fact about
+none of the answers), with SQuAD-like lengths: median about 170 tokens (all-MiniLM-L6-v2 / BERT
+uncased), mean about 190, and about 6% past 370 tokens, so that doc-stride windows get exercised. Questions ask for one fact about
 one person; the context also states the same kind of fact about others, often in a sentence
 that names the person asked about ("Maria Lopez's cousin, Hugo Varga, was born in Velmora in
 1968") while the person's own fact calls them "she" or "Lopez", so the sentence that shares
@@ -111,6 +111,7 @@ _PLACE_FACT = (("{place} lies on the {river} and has about {count} inhabitants."
 _FILLER = ("The report was compiled from interviews and public records.", "Several details could not be confirmed.",
            "Local newspapers covered some of these events at the time.", "The figures below are approximate.")
 _SLOT = re.compile(r"\{(\w+)\}")
+_PEOPLE, _PEOPLE_WEIGHTS = (1, 2, 3, 4, 5, 6), (35, 38, 14, 6, 4, 3)
 
 
 def _fill(template: str, values: dict[str, str]) -> tuple[str, dict[str, tuple[int, str]]]:
@@ -165,7 +166,9 @@ def _values(kind: str, rng: random.Random, used: dict[str, list[str]]) -> dict[s
 def _context(rng: random.Random) -> tuple[str, list[tuple[str, tuple[int, str]]], list[str]]:
     """One context, its answerable questions with (answer offset, answer text), and questions
     it has no answer to; the caller picks which to ask."""
-    people = rng.sample([(f, "f") for f in _FEMALE] + [(m, "m") for m in _MALE], rng.randint(2, 5))
+    # Mostly one to three people (SQuAD-like lengths: median about 130 tokens), now and then five or
+    # six, whose contexts run past 384 tokens and need a second window.
+    people = rng.sample([(f, "f") for f in _FEMALE] + [(m, "m") for m in _MALE], rng.choices(_PEOPLE, _PEOPLE_WEIGHTS)[0])
     surnames = rng.sample(_SURNAMES, len(_SURNAMES))  # unique in a context: a surname names one person
     used: dict[str, list[str]] = {}
     sentences: list[str] = []

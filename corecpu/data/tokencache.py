@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -26,6 +26,7 @@ from corecpu.data.types import ClassificationData
 from corecpu.distributed.process_group import barrier
 
 FORMAT_VERSION = 1
+T = TypeVar("T")
 
 
 def data_fingerprint(data: ClassificationData) -> str:
@@ -69,56 +70,69 @@ class CachedTokenizedDataset(TokenizedDataset):
         self.num_at_max_len = int(state["num_at_max_len"])
 
 
+def flat_tensor(rows: list[list[int]]) -> torch.Tensor:
+    """Ragged int rows as one int32 tensor; split it again by the rows' lengths."""
+    return torch.tensor([x for r in rows for x in r], dtype=torch.int32)
+
+
 def _state(ds: TokenizedDataset) -> dict[str, Any]:
-    flat = lambda rows: torch.tensor([x for r in rows for x in r], dtype=torch.int32)  # noqa: E731
-    return {"version": FORMAT_VERSION, "lengths": torch.tensor([len(r) for r in ds.input_ids], dtype=torch.int64),
+    flat = flat_tensor
+    return {"lengths": torch.tensor([len(r) for r in ds.input_ids], dtype=torch.int64),
             "input_ids": flat(ds.input_ids), "token_type_ids": None if ds.token_type_ids is None else flat(ds.token_type_ids),
             "labels": list(ds.labels), "label_names": list(ds.label_names), "num_at_max_len": ds.num_at_max_len}
 
 
-def _write(path: Path, ds: TokenizedDataset) -> None:
+def _write(path: Path, state: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        torch.save(_state(ds), tmp)
+        torch.save(state, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def _read(path: Path, tokenizer: Any, max_seq_len: int) -> TokenizedDataset | None:
+def _read(path: Path, restore: Callable[[dict[str, Any]], T]) -> T | None:
     try:
         state = torch.load(path, weights_only=True)
-        return CachedTokenizedDataset(state, tokenizer, max_seq_len) if state.get("version") == FORMAT_VERSION else None
+        return restore(state) if state.get("version") == FORMAT_VERSION else None
     except Exception:  # noqa: BLE001 - a torn pickle fails in many ways; any of them means tokenize instead
         return None
 
 
-def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, cache_dir: Path | None,
-                    local_rank: int, wait: Callable[[], None] = barrier) -> TokenizedDataset:
-    """The tokenized dataset; every rank must call this (it waits for all ranks once).
+def cached_per_host(path: Path | None, build: Callable[[], T], state_of: Callable[[T], dict[str, Any]],
+                    restore: Callable[[dict[str, Any]], T], local_rank: int,
+                    wait: Callable[[], None] = barrier) -> T:
+    """`build()`'s result, computed once per host; every rank must call this (it waits for all ranks once).
 
-    Local rank 0 of each host reads the cache or tokenizes and writes it; after `wait`
-    the other local ranks read what it wrote. cache_dir None: tokenize, no cache.
+    Local rank 0 of each host reads `path` or builds and writes it (the tensors of `state_of`);
+    after `wait` the other local ranks `restore` what it wrote. path None: build, no cache.
     """
-    if cache_dir is None:
-        return TokenizedDataset(data, tokenizer, max_seq_len)
-    path = cache_path(Path(cache_dir), data, tokenizer, max_seq_len)
-    ds = None
+    if path is None:
+        return build()
+    result = None
     if local_rank == 0:
-        ds = _read(path, tokenizer, max_seq_len) if path.exists() else None
-        if ds is None:
+        result = _read(path, restore) if path.exists() else None
+        if result is None:
             try:
-                ds = TokenizedDataset(data, tokenizer, max_seq_len)
+                result = build()
             except Exception:
-                wait()  # release the other local ranks: they hit the same error tokenizing for themselves
+                wait()  # release the other local ranks: they hit the same error building for themselves
                 raise
             try:
-                _write(path, ds)
+                _write(path, {"version": FORMAT_VERSION, **state_of(result)})
             except OSError as exc:
                 print(f"note: cannot write the tokenization cache {path} ({exc.strerror}); every rank tokenizes",
                       file=sys.stderr, flush=True)
     wait()
-    if ds is None:
-        ds = _read(path, tokenizer, max_seq_len)
-    return ds if ds is not None else TokenizedDataset(data, tokenizer, max_seq_len)
+    if result is None:
+        result = _read(path, restore)
+    return result if result is not None else build()
+
+
+def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, cache_dir: Path | None,
+                    local_rank: int, wait: Callable[[], None] = barrier) -> TokenizedDataset:
+    """The tokenized dataset, once per host (see cached_per_host); cache_dir None: no cache."""
+    path = None if cache_dir is None else cache_path(Path(cache_dir), data, tokenizer, max_seq_len)
+    return cached_per_host(path, lambda: TokenizedDataset(data, tokenizer, max_seq_len), _state,
+                           lambda state: CachedTokenizedDataset(state, tokenizer, max_seq_len), local_rank, wait)

@@ -19,6 +19,7 @@ from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 
 META_KEYS = ("num_tokens", "num_padded", "valid")
+_SEQUENCES = ("input_ids", "token_type_ids", "valid")  # padded per batch (or, valid, kept as booleans)
 
 
 class TokenizedDataset(Dataset):
@@ -69,7 +70,8 @@ def padded_width(longest: int, pad_to_multiple_of: int = 0, max_len: int | None 
 def make_collate(tokenizer: Any, pad_to_multiple_of: int = 0,
                  max_len: int | None = None) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
     """Pad to the longest item in the batch (rounded up by `padded_width`); adds META_KEYS
-    (see module docstring)."""
+    (see module docstring). Any other key of the items holds one integer each and becomes a
+    (B,) long tensor: `labels`, or QA's `start_positions` / `end_positions`."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     left = getattr(tokenizer, "padding_side", "right") == "left"
 
@@ -88,7 +90,10 @@ def make_collate(tokenizer: Any, pad_to_multiple_of: int = 0,
         batch: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if types is not None:
             batch["token_type_ids"] = types
-        batch["labels"] = torch.tensor([it["labels"] for it in items], dtype=torch.long)
+        # One integer per item, whatever the task calls it: labels, start/end positions, feature_index.
+        for key in items[0]:
+            if key not in _SEQUENCES:
+                batch[key] = torch.tensor([it[key] for it in items], dtype=torch.long)
         batch["num_tokens"] = sum(lengths)
         batch["num_padded"] = width * len(items) - sum(lengths)
         batch["valid"] = torch.tensor([it.get("valid", True) for it in items], dtype=torch.bool)

@@ -4,20 +4,60 @@ Hugging Face conventions: YAML front matter (library_name, pipeline_tag, tags,
 base_model, metrics, a model-index with the final eval results) written through
 huggingface_hub's ModelCardData, then a Markdown body.
 
-    write_model_card(out / "final", cfg.to_dict(), summary, label_names, data_desc)
+    write_model_card(out / "final", cfg.to_dict(), summary, label_names, data_desc)           # classification
+    write_model_card(out / "final", cfg.to_dict(), summary, None, data_desc, kind=QA_CARD)    # extractive QA
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 DEFAULT_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # what --model default ships
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-SETTINGS = ("model", "data", "eval_data", "max_seq_len", "batch_size", "grad_accum", "lr", "weight_decay",
-            "warmup_ratio", "max_grad_norm", "epochs", "max_steps", "seed", "precision", "backend")
+SETTINGS = ("task", "model", "data", "eval_data", "max_seq_len", "doc_stride", "version_2_with_negative",
+            "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio", "max_grad_norm", "epochs", "max_steps",
+            "seed", "precision", "backend")
+QA_ONLY = ("doc_stride", "version_2_with_negative")
+
+
+@dataclass(frozen=True)
+class CardKind:
+    """What differs between the cards of two tasks: the Hub's task names, the metrics, how to load."""
+
+    pipeline_tag: str
+    task_name: str
+    metrics: tuple[tuple[str, str], ...]  # (key in last_eval without "eval_", name shown)
+    how_to_load: str  # the Python of the card's "How to load" section
+
+
+CLASSIFICATION_CARD = CardKind("text-classification", "Text Classification", (("accuracy", "Accuracy"), ("f1", "F1")),
+                               """\
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+model = AutoModelForSequenceClassification.from_pretrained("PATH/TO/final")
+tokenizer = AutoTokenizer.from_pretrained("PATH/TO/final")
+print(pipeline("text-classification", model=model, tokenizer=tokenizer)("an example sentence"))""")
+# transformers 5 has no question-answering pipeline: the card shows the span read-out itself.
+QA_CARD = CardKind("question-answering", "Question Answering", (("exact_match", "Exact Match"), ("f1", "F1")),
+                   """\
+import torch
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+model = AutoModelForQuestionAnswering.from_pretrained("PATH/TO/final").eval()
+tokenizer = AutoTokenizer.from_pretrained("PATH/TO/final")
+question, context = "Who wrote it?", "It was written by Ada Lovelace in 1843."
+inputs = tokenizer(question, context, return_tensors="pt", return_offsets_mapping=True, truncation="only_second")
+offsets = inputs.pop("offset_mapping")[0]
+with torch.no_grad():
+    out = model(**inputs)
+context_tokens = torch.tensor([s == 1 for s in inputs.sequence_ids(0)])
+start = out.start_logits[0].masked_fill(~context_tokens, -1e9).argmax()
+end = start + out.end_logits[0][start:].masked_fill(~context_tokens[start:], -1e9)[:30].argmax()
+print(context[offsets[start][0]:offsets[end][1]])""")
 
 
 def base_model_id(model_spec: str) -> str | None:
@@ -32,26 +72,38 @@ def base_model_id(model_spec: str) -> str | None:
     return name if isinstance(name, str) and HUB_ID.match(name) and not Path(name).exists() else None
 
 
-def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_names: Sequence[str],
-               data_desc: str, model_name: str = "corecpu-finetuned") -> str:
+def _what(kind: CardKind, label_names: Sequence[str] | None, base: str | None, config: Mapping[str, Any]) -> str:
+    source = f" from [{base}](https://huggingface.co/{base})" if base else ""
+    if kind.pipeline_tag == "question-answering":
+        scored = "SQuAD v2.0 (unanswerable questions included)" if config.get("version_2_with_negative") else "SQuAD v1.1"
+        return (f"An extractive question-answering model (it points at the answer span in a context) fine-tuned"
+                f"{source}\nwith corecpu (data-parallel training on CPUs). Exact match and F1 are scored as {scored} "
+                "scores them.")
+    labels = list(label_names or [])
+    return (f"A {len(labels)}-class text classifier fine-tuned{source}\nwith corecpu (data-parallel training on "
+            f"CPUs).\nLabels: {', '.join(f'`{n}`' for n in labels)}.")
+
+
+def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_names: Sequence[str] | None,
+               data_desc: str, model_name: str = "corecpu-finetuned", kind: CardKind = CLASSIFICATION_CARD) -> str:
     """The README.md text. `summary` is what train.py writes to summary.json."""
     from huggingface_hub import EvalResult, ModelCardData
 
     last_eval = summary.get("last_eval") or {}
     eval_data = str(config.get("eval_data", ""))
-    results = [EvalResult(task_type="text-classification", task_name="Text Classification",
+    results = [EvalResult(task_type=kind.pipeline_tag, task_name=kind.task_name,
                           dataset_type=eval_data or "local", dataset_name=eval_data or "evaluation data",
-                          metric_type=kind, metric_name=kind.capitalize() if kind != "f1" else "F1",
-                          metric_value=round(float(last_eval[f"eval_{kind}"]), 6))
-               for kind in ("accuracy", "f1") if last_eval.get(f"eval_{kind}") is not None]
+                          metric_type=key, metric_name=name, metric_value=round(float(last_eval[f"eval_{key}"]), 6))
+               for key, name in kind.metrics if last_eval.get(f"eval_{key}") is not None]
     base = base_model_id(str(config.get("model", "")))
     data = ModelCardData(
-        library_name="transformers", pipeline_tag="text-classification",
-        tags=["text-classification", "corecpu", "cpu", "ddp"], base_model=base,
-        metrics=["accuracy", "f1"] if results else None, model_name=model_name if results else None,
+        library_name="transformers", pipeline_tag=kind.pipeline_tag,
+        tags=[kind.pipeline_tag, "corecpu", "cpu", "ddp"], base_model=base,
+        metrics=[key for key, _ in kind.metrics] if results else None, model_name=model_name if results else None,
         eval_results=results or None,
     )
-    settings = "\n".join(f"| `{k}` | `{config[k]}` |" for k in SETTINGS if k in config)
+    shown = [k for k in SETTINGS if k in config and (kind is QA_CARD or k not in QA_ONLY)]
+    settings = "\n".join(f"| `{k}` | `{config[k]}` |" for k in shown)
     ranks = len(summary.get("ranks", [])) or "?"
     per_rank, accum = config.get("batch_size"), config.get("grad_accum")
     global_batch = per_rank * accum * ranks if isinstance(ranks, int) and per_rank and accum else "?"
@@ -61,9 +113,7 @@ def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_name
     body = f"""
 # {model_name}
 
-A {len(label_names)}-class text classifier fine-tuned{f' from [{base}](https://huggingface.co/{base})' if base else ''}
-with corecpu (data-parallel training on CPUs).
-Labels: {', '.join(f'`{n}`' for n in label_names)}.
+{_what(kind, label_names, base, config)}
 
 ## Data
 
@@ -87,11 +137,7 @@ final training loss {_fmt(summary.get('final_loss'), '.4f')}.
 ## How to load
 
 ```python
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
-
-model = AutoModelForSequenceClassification.from_pretrained("PATH/TO/final")
-tokenizer = AutoTokenizer.from_pretrained("PATH/TO/final")
-print(pipeline("text-classification", model=model, tokenizer=tokenizer)("an example sentence"))
+{kind.how_to_load}
 ```
 """
     return f"---\n{data.to_yaml()}\n---\n{body}"
@@ -102,8 +148,8 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def write_model_card(final_dir: str | Path, config: Mapping[str, Any], summary: Mapping[str, Any],
-                     label_names: Sequence[str], data_desc: str) -> Path:
+                     label_names: Sequence[str] | None, data_desc: str, kind: CardKind = CLASSIFICATION_CARD) -> Path:
     path = Path(final_dir) / "README.md"
     path.write_text(model_card(config, summary, label_names, data_desc, model_name=Path(final_dir).resolve().parent.name
-                               or "corecpu-finetuned"), encoding="utf-8")
+                               or "corecpu-finetuned", kind=kind), encoding="utf-8")
     return path

@@ -68,7 +68,7 @@ def load_run(path: str | Path) -> RunRecords:
     if torn:
         notes.append(f"skipped {torn} unreadable line(s) of metrics.jsonl")
     train = [r for r in rows if "loss" in r and "step" in r]
-    evals = [r for r in rows if "eval_loss" in r and "step" in r]
+    evals = [r for r in rows if "step" in r and any(k.startswith("eval_") for k in r)]
     if not train and not evals:
         notes.append("metrics.jsonl has no records yet")
     summary = _json(path / "summary.json", notes) or {}
@@ -99,6 +99,11 @@ def binding_lines(ranks: Sequence[dict[str, Any]]) -> list[str]:
             for i, r in enumerate(ranks)]
 
 
+def _is_qa(run: RunRecords) -> bool:
+    """QA runs score exact match and F1 in percent (SQuAD's convention); classification in [0, 1]."""
+    return any("eval_exact_match" in r for r in run.evals)
+
+
 def summarize(run: RunRecords) -> str:
     cfg = run.config
     steps = run.summary.get("steps", run.train[-1]["step"] if run.train else 0)
@@ -109,7 +114,13 @@ def summarize(run: RunRecords) -> str:
     final_loss = run.summary.get("final_loss", run.train[-1]["loss"] if run.train else None)
     lines.append(f"final train loss {_fmt(final_loss)}"
                  + (f" (first logged {run.train[0]['loss']:.4f} at step {run.train[0]['step']})" if run.train else ""))
-    if run.evals:
+    if run.evals and _is_qa(run):
+        best = max(run.evals, key=lambda r: r.get("eval_f1", float("-inf")))
+        last = run.evals[-1]
+        lines.append(f"best eval F1 {_fmt(best.get('eval_f1'), '.2f')} at step {best['step']} (epoch "
+                     f"{best.get('epoch', 0) + 1}); last eval: exact match {_fmt(last.get('eval_exact_match'), '.2f')}, "
+                     f"F1 {_fmt(last.get('eval_f1'), '.2f')} (SQuAD scores, percent)")
+    elif run.evals:
         best = max(run.evals, key=lambda r: r.get("eval_accuracy", float("-inf")))
         last = run.evals[-1]
         lines.append(f"best eval accuracy {_fmt(best.get('eval_accuracy'))} at step {best['step']} (epoch "
@@ -185,10 +196,11 @@ def render(runs: Sequence[RunRecords], out: Path) -> Path:
         if rate is not None:
             ax_tp.axhline(rate, color=color, linestyle=":", label=f"{run.name}: {rate:.1f} after warm-up")
         epochs = [r.get("epoch", 0) + 1 for r in run.evals]
-        for key, marker in (("eval_accuracy", "o"), ("eval_f1", "s")):
-            ys = [r.get(key) for r in run.evals]
+        scale = 100.0 if _is_qa(run) else 1.0  # one axis for both: QA's percent as fractions
+        for key, marker in (("eval_accuracy", "o"), ("eval_exact_match", "o"), ("eval_f1", "s")):
+            ys = [None if r.get(key) is None else r[key] / scale for r in run.evals]
             if any(y is not None for y in ys):
-                ax_eval.plot(epochs, ys, marker=marker, color=color, linestyle="-" if key == "eval_accuracy" else "--",
+                ax_eval.plot(epochs, ys, marker=marker, color=color, linestyle="--" if key == "eval_f1" else "-",
                              label=f"{run.name} {key[5:]}" if len(runs) > 1 else key[5:], markersize=9 - 4 * i,
                              **style)
     for ax, title, ylabel in ((ax_loss, "loss", "loss"), (ax_lr, "learning rate", "lr"),
@@ -207,7 +219,8 @@ def render(runs: Sequence[RunRecords], out: Path) -> Path:
         ax_eval.set_xticks(epochs)
         ax_eval.set_xlim(epochs[0] - 0.5, epochs[-1] + 0.5)  # one epoch would otherwise get a +-0.04 axis
         for r in runs[0].evals:
-            ax_eval.annotate(f"step {r['step']}", (r.get("epoch", 0) + 1, r.get("eval_accuracy", 0)), fontsize=7,
+            head = r.get("eval_accuracy", r.get("eval_exact_match", 0) / 100)
+            ax_eval.annotate(f"step {r['step']}", (r.get("epoch", 0) + 1, head), fontsize=7,
                              textcoords="offset points", xytext=(4, 4))
     for ax in (ax_loss, ax_lr, ax_tp, ax_eval):
         if ax.get_legend_handles_labels()[0]:

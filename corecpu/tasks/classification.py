@@ -21,6 +21,7 @@ from corecpu.data.sources import auto_eval_data, load_data
 from corecpu.data.tokencache import tokenize_cached
 from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
 from corecpu.data.types import ClassificationData
+from corecpu.errors import CoreCPUError
 from corecpu.reporting.model_card import write_model_card
 from corecpu.training.config import TrainConfig
 from corecpu.training.modeling import load_model
@@ -40,8 +41,14 @@ class TaskData:
 class Classification:
     name = "classification"
 
-    def load(self, cfg: TrainConfig) -> TaskData:
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+
+    def load(self) -> TaskData:
         """The training examples and, unless --eval-data is none, the held-out ones (same label ids)."""
+        cfg = self.cfg
+        if cfg.data == "qa" or cfg.eval_data == "qa":
+            raise CoreCPUError("'qa' is the built-in question-answering set; pass --task qa to train on it")
         columns: dict[str, Any] = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
         columns.update(fmt=None if cfg.data_format == "auto" else cfg.data_format, has_header=cfg.header)
         train = load_data(cfg.data, split="train", **columns)
@@ -49,8 +56,8 @@ class Classification:
         held = None if spec == "none" else load_data(spec, split="eval", label_names=train.label_names, **columns)
         return TaskData(train, held)
 
-    def model(self, cfg: TrainConfig, data: TaskData) -> tuple[torch.nn.Module, str]:
-        return load_model(cfg.model, data.train.label_names, cfg.seed)
+    def model(self, data: TaskData) -> tuple[torch.nn.Module, str]:
+        return load_model(self.cfg.model, data.train.label_names, self.cfg.seed)
 
     def checkpoint_config(self, data: TaskData) -> dict[str, Any]:
         """Compared on resume: a checkpoint trained on other labels does not fit this head."""
@@ -60,16 +67,16 @@ class Classification:
         return (f"{len(data.train)} train / {len(data.eval) if data.eval else 0} eval examples, labels "
                 f"{data.train.label_names}")
 
-    def features(self, cfg: TrainConfig, data: TaskData, tokenizer: Any,
-                 run: Run) -> tuple[TokenizedDataset, TokenizedDataset | None]:
+    def features(self, data: TaskData, tokenizer: Any, run: Run) -> tuple[TokenizedDataset, TokenizedDataset | None]:
         """Tokenized once per host: local rank 0 tokenizes (or reads its cache), the others load its file."""
+        cfg = self.cfg
         cache = envvars.cache_dir() / "tokenized"
         train = tokenize_cached(data.train, tokenizer, cfg.max_seq_len, cache, run.local_rank)
         held = tokenize_cached(data.eval, tokenizer, cfg.max_seq_len, cache, run.local_rank) if data.eval else None
         return train, held
 
-    def collate(self, cfg: TrainConfig, tokenizer: Any):  # noqa: ANN201 - a collate function
-        return make_collate(tokenizer, cfg.pad_to_multiple_of, cfg.max_seq_len)
+    def collate(self, tokenizer: Any):  # noqa: ANN201 - a collate function
+        return make_collate(tokenizer, self.cfg.pad_to_multiple_of, self.cfg.max_seq_len)
 
     def evaluate(self, run: Run, model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
         """Loss, accuracy and F1 over the whole eval set: every rank its shard, counts summed over ranks."""

@@ -40,6 +40,16 @@ class QAFeatures:
         return len(self.input_ids)
 
 
+def select(features: QAFeatures, rows: Sequence[int]) -> QAFeatures:
+    """The features at `rows`, in that order (e.g. the windows of some of the questions)."""
+    def pick(values: list[Any] | None) -> list[Any] | None:
+        return None if values is None else [values[i] for i in rows]
+
+    return QAFeatures(pick(features.input_ids), pick(features.token_type_ids), pick(features.example_ids),
+                      pick(features.cls_index), pick(features.offsets), pick(features.start_positions),
+                      pick(features.end_positions))
+
+
 def is_context(offset: Offset) -> bool:
     """True for a token of the context; None and [] (what datasets makes of None) are not."""
     return bool(offset)

@@ -37,9 +37,10 @@ from corecpu.errors import CoreCPUError
 FORMAT = 2  # 1: no file digests, extra keys at the top level of meta.json
 
 # Settings that change the math of the run; anything else (logging, paths) may differ on resume.
-RUN_DEFINING = ("model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio",
-                "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "text_column",
-                "text_pair_column", "label_column")
+RUN_DEFINING = ("task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay",
+                "warmup_ratio", "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision",
+                "text_column", "text_pair_column", "label_column", "version_2_with_negative", "doc_stride",
+                "id_column", "question_column", "context_column", "answers_column")
 # What "auto" settings resolved to on the host that saved (config["resolved"]); may differ on another host.
 RESOLVED = ("precision", "backend", "allreduce", "threads")
 
@@ -194,6 +195,10 @@ def config_changes(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
 
 
 def label_problem(saved: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """Why the checkpoint's head cannot fit this run's model, or None: another task or other labels."""
+    task_was, task_now = saved.get("task", "classification"), config.get("task", "classification")
+    if task_was != task_now:
+        return f"it was trained for --task {task_was} and this run is --task {task_now}"
     was, now = saved.get("label_names"), config.get("label_names")
     if was is None or now is None or list(was) == list(now):
         return None
@@ -276,8 +281,8 @@ def _label_or_none(meta: dict[str, Any], config: dict[str, Any]) -> str | None:
     problem = label_problem(meta.get("config") or {}, config)
     if problem is None:
         return None
-    raise CoreCPUError(f"checkpoint {meta.get('step')} does not fit this run's labels: {problem}; use the same "
-                       "label set (same data and label column), or start fresh in another output directory")
+    raise CoreCPUError(f"checkpoint {meta.get('step')} does not fit this run's model head: {problem}; use the same "
+                       "task and label set (same data and label column), or start fresh in another output directory")
 
 
 def _load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any,

@@ -1,4 +1,4 @@
-"""Load a sequence-classification model and its tokenizer from local files only.
+"""Load a model (sequence classification or extractive QA) and its tokenizer from local files only.
 
 Model code never imports torch.distributed: wrapping is the loop's business.
 """
@@ -19,9 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from transformers import (  # noqa: E402  (after the offline switch)
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -158,26 +160,32 @@ def load_model(spec: str, label_names: list[str], seed: int) -> tuple[PreTrained
     Seeded before construction so a freshly initialised head is the same on every
     rank (DDP broadcasts rank 0's weights anyway, but single-process runs compare too).
     """
-    num_labels = len(label_names)
     id2label = dict(enumerate(label_names))
     label2id = {name: i for i, name in id2label.items()}
+    return _load(spec, seed, "sequence-classification", AutoModelForSequenceClassification,
+                 BertForSequenceClassification, num_labels=len(label_names), id2label=id2label, label2id=label2id)
+
+
+def load_qa_model(spec: str, seed: int) -> tuple[PreTrainedModel, str]:
+    """The model with a span head (start and end logits per token, AutoModelForQuestionAnswering), seeded."""
+    return _load(spec, seed, "question-answering", AutoModelForQuestionAnswering, BertForQuestionAnswering)
+
+
+def _load(spec: str, seed: int, what: str, auto_class: Any, tiny_class: Any, **head: Any) -> tuple[PreTrainedModel, str]:
     torch.manual_seed(seed)
     if spec == "tiny":
-        vocab = load_tokenizer(spec).vocab_size
-        config = tiny_config(vocab, num_labels)
-        config.id2label, config.label2id = id2label, label2id
-        model = BertForSequenceClassification(config)
+        config = tiny_config(load_tokenizer(spec).vocab_size, head.get("num_labels", 2))
+        config.update({k: v for k, v in head.items() if k != "num_labels"})
+        model = tiny_class(config)
         return model, f"tiny BERT ({_count(model)} parameters, dropout off)"
     path = resolve_model_dir(spec)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            str(path), num_labels=num_labels, id2label=id2label, label2id=label2id, ignore_mismatched_sizes=True,
-            trust_remote_code=False,
-        )
+        model = auto_class.from_pretrained(str(path), ignore_mismatched_sizes=True, trust_remote_code=False, **head)
     except Exception as exc:
-        raise CoreCPUError(f"cannot load a sequence-classification model from '{path}' ({_first_line(exc)}); pass --model with a Hugging Face model directory") from None
+        raise CoreCPUError(f"cannot load a {what} model from '{path}' ({_first_line(exc)}); pass --model with a "
+                           "Hugging Face model directory") from None
     finally:
         hf_logging.set_verbosity(verbosity)
     name = "all-MiniLM-L6-v2 (default)" if spec == "default" else str(path)

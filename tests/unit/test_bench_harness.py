@@ -122,7 +122,10 @@ def test_corecpu_metrics_become_step_and_eval_records() -> None:
              json.dumps({"step": 2, "eval_loss": 0.5, "eval_accuracy": 0.75, "eval_f1": 0.7, "eval_examples": 4})]
     steps, evals = harness.corecpu_records(lines)
     assert [(s["step"], s["t"], s["samples"]) for s in steps] == [(1, 0.5, 32), (2, 0.9, 17)]
-    assert evals == [{"step": 2, "eval_accuracy": 0.75, "eval_f1": 0.7, "eval_loss": 0.5}]
+    assert evals == [{"step": 2, "eval_accuracy": 0.75, "eval_f1": 0.7, "eval_loss": 0.5, "eval_examples": 4}]
+    qa = json.dumps({"step": 2, "epoch": 0, "eval_exact_match": 61.5, "eval_f1": 70.25, "eval_examples": 400})
+    assert harness.corecpu_records(lines[:2] + [qa])[1] == [{"step": 2, "eval_exact_match": 61.5, "eval_f1": 70.25,
+                                                             "eval_examples": 400}]
     with pytest.raises(ValueError, match="samples"):
         harness.corecpu_records([json.dumps({"step": 1, "loss": 0.7, "elapsed_s": 0.5})])
 

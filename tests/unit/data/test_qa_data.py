@@ -216,8 +216,8 @@ def test_generated_lengths_need_doc_stride(generated):
     examples = generated["train"].examples
     contexts = list(dict.fromkeys(e.context for e in examples))
     lengths = [len(ids) for ids in tok(contexts)["input_ids"]]
-    assert 200 < sum(lengths) / len(lengths) < 450
-    assert 0.1 < sum(n > 384 for n in lengths) / len(lengths) < 0.5  # some contexts need a second window
+    assert 150 < sum(lengths) / len(lengths) < 230  # SQuAD-like: most contexts fit one 384-token window
+    assert 0.02 < sum(n > 384 for n in lengths) / len(lengths) < 0.12  # some need a second window
     answer_tokens = [len(ids) for ids in tok([e.answer_texts[0] for e in examples], add_special_tokens=False)["input_ids"]]
     assert min(answer_tokens) >= 1 and max(answer_tokens) <= 10
 

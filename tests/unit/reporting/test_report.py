@@ -98,3 +98,19 @@ def test_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     with pytest.raises(CoreCPUError, match=r"pip install 'corecpu\[report\]'"):
         render([run], tmp_path / "x.png")
+
+
+def test_qa_runs_report_squad_scores(tmp_path):
+    path = make_run(tmp_path / "qa")
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:  # the same run, scored as a QA run is: exact match and F1 in percent, no eval loss
+        if "eval_accuracy" in r:
+            for key in ("eval_loss", "eval_accuracy"):
+                del r[key]
+            r.update(eval_exact_match=60.0 + 10 * r["epoch"], eval_f1=70.5 + 10 * r["epoch"])
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = load_run(path)
+    assert len(run.evals) == 2
+    text = summarize(run)
+    assert "best eval F1 80.50 at step 12 (epoch 2); last eval: exact match 70.00, F1 80.50" in text
+    assert render([run], tmp_path / "qa.png").stat().st_size > 0

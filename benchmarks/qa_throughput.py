@@ -1,0 +1,175 @@
+"""Extractive QA: corecpu vs Hugging Face Trainer as run_qa.py runs it (defaults, and tuned), on CPU.
+
+    python benchmarks/qa_throughput.py                          # MiniLM, the built-in QA set, 1 epoch, 2 repeats
+    python benchmarks/qa_throughput.py --data train-v1.1.json --eval-data dev-v1.1.json
+    python benchmarks/qa_throughput.py --model tiny --max-steps 10 --repeats 1            # smoke test
+    python benchmarks/qa_throughput.py --report benchmarks/results/qa-X.json              # re-print only
+
+Variants, all with 2 ranks on this host, the same model and initialisation, data, windows (384
+tokens, stride 128), per-rank batch, lr, warm-up, clipping, seed and epochs:
+  corecpu         ./launch.sh N train.py --task qa, corecpu's defaults (precision auto)
+  trainer_runqa   torchrun + benchmarks/hf_trainer_qa.py: run_qa.py's defaults (every window padded
+                  to 384, random sampling, fp32)
+  trainer_tuned   the same with dynamic padding, group_by_length and bf16=True
+Each trains, then evaluates once (n-best post-processing, SQuAD EM/F1). Throughput = global
+samples of steps W+1..S / their time (rank 0's clock at each optimizer step's end); wall = the
+whole command, start-up, tokenization, evaluation and saving included. Variants run interleaved
+(a b c, a b c, ...); the tables show medians and ratios against trainer_runqa.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+import stats
+from throughput import machine
+
+VARIANTS = ("corecpu", "trainer_runqa", "trainer_tuned")
+BASELINE = "trainer_runqa"
+KEYS = ("samples_per_s", "ms_per_step", "wall_s", "eval_exact_match", "eval_f1", "final_loss")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default="minilm", help="minilm (all-MiniLM-L6-v2), tiny, or a model directory")
+    p.add_argument("--data", default="qa", help="'qa' (built-in) or a SQuAD .json / flat .jsonl file")
+    p.add_argument("--eval-data", default="auto", help="auto: the built-in's eval split; else a file")
+    p.add_argument("--version-2-with-negative", action="store_true")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=16, help="per rank")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=5, help="first W steps left out of samples/s")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--work-dir", type=Path, default=None)
+    p.add_argument("--timeout", type=float, default=7200)
+    p.add_argument("--report", type=Path, default=None, help="print the tables of an existing result JSON")
+    return p.parse_args()
+
+
+def command(variant: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
+    model = harness.MODEL_SPECS.get(args.model, args.model)
+    common = ["--model", model, "--data", args.data, "--eval-data", args.eval_data, "--epochs", str(args.epochs),
+              "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+    common += ["--max-steps", str(args.max_steps)] if args.max_steps else []
+    common += ["--version-2-with-negative"] if args.version_2_with_negative else []
+    if variant == "corecpu":
+        return [str(harness.ROOT / "launch.sh"), str(args.ranks), "--task", "qa", *common, "--log-every", "1",
+                "--progress", "off", "--output-dir", str(run_dir / variant)]
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(args.ranks)]
+    tuned = ["--tuned"] if variant == "trainer_tuned" else []
+    return [*torchrun, str(harness.BENCH / "hf_trainer_qa.py"), *common, *tuned,
+            "--out-json", str(run_dir / f"{variant}.json")]
+
+
+def run_once(variant: str, args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    cmd = command(variant, args, run_dir)
+    log = run_dir / f"{variant}.log"
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.run(cmd, cwd=harness.ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=args.timeout)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise RuntimeError(f"{variant} exited with {proc.returncode}; last lines of {log}:\n{tail}")
+    extra: dict[str, Any] = {}
+    if variant == "corecpu":
+        out = run_dir / variant
+        steps, evals = harness.corecpu_records((out / "metrics.jsonl").read_text().splitlines())
+        extra["precision"] = json.loads((out / "config.json").read_text())["resolved"]["precision"]
+        extra["mean_padded_len"] = None
+    else:
+        recorded = json.loads((run_dir / f"{variant}.json").read_text())
+        steps, evals = recorded["steps"], recorded["evals"]
+        extra = {k: recorded[k] for k in ("precision", "padding", "sampling") if k in recorded}
+        extra["mean_padded_len"] = statistics.fmean(s["padded_len"] for s in steps)
+    window = stats.timed_window(steps, args.warmup, [e["step"] for e in evals][:-1])
+    last = evals[-1]
+    return {"variant": variant, "command": cmd, "wall_s": wall, **window, "steps_run": len(steps),
+            "eval_exact_match": last["eval_exact_match"], "eval_f1": last["eval_f1"],
+            "final_loss": steps[-1]["loss"], "load_avg_before": load_before, "log": str(log), **extra}
+
+
+def summarize(raw: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
+    medians = {v: {k: statistics.median(r[k] for r in raw if r["variant"] == v) for k in KEYS} for v in order}
+    base = medians.get(BASELINE)
+    ratios = {v: {"throughput": m["samples_per_s"] / base["samples_per_s"], "wall_speedup": base["wall_s"] / m["wall_s"],
+                  "em_delta": m["eval_exact_match"] - base["eval_exact_match"],
+                  "f1_delta": m["eval_f1"] - base["eval_f1"]} for v, m in medians.items()} if base else {}
+    return {"medians": medians, "ratios": ratios}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg, mach = result["config"], result["machine"]
+    head = (f"**{cfg['model']} on {cfg['data']}, {cfg['ranks']} ranks x batch {cfg['batch_size']}, windows 384 / "
+            f"stride 128, {cfg['epochs']} epoch(s), median of {cfg['repeats']} interleaved repeats | CPU: "
+            f"{mach['cpu_model']} ({mach['usable_cpus']} CPUs; {stats.flags_text(mach['cpu_flags'])})**")
+    rows = ["| variant | precision | padding | samples/s | vs run_qa | wall s | wall speed-up vs run_qa | EM | F1 | "
+            "F1 vs run_qa |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for v, m in result["medians"].items():
+        r = result["ratios"].get(v, {})
+        first = next(x for x in result["raw"] if x["variant"] == v)
+        padding = first.get("padding", "dynamic, length-grouped") if v != "corecpu" else "dynamic, length-grouped"
+        rows.append(f"| {v} | {first.get('precision', '-')} | {padding} | {m['samples_per_s']:.1f} | "
+                    f"{r.get('throughput', float('nan')):.2f}x | {m['wall_s']:.0f} | {r.get('wall_speedup', float('nan')):.2f}x | "
+                    f"{m['eval_exact_match']:.2f} | {m['eval_f1']:.2f} | {r.get('f1_delta', float('nan')):+.2f} |")
+    return "\n".join([head, "", *rows]) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    if args.report:
+        print(markdown(json.loads(args.report.read_text())))
+        return
+    order = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in order if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-qa-bench-"))
+    env = {k: v for k, v in os.environ.items() if k not in harness.THREAD_VARS}
+    one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                     env=env, capture_output=True, text=True, check=True).stdout)
+    torchrun_env = {**env, "OMP_NUM_THREADS": str(max(1, one_process // args.ranks))}  # as throughput.py does
+    print(f"QA benchmark: variants {order}; logs in {work}", flush=True)
+    raw = []
+    for rep in range(1, args.repeats + 1):
+        run_dir = work / f"repeat{rep}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for v in order:
+            r = run_once(v, args, run_dir, env if v == "corecpu" else torchrun_env)
+            raw.append({"repeat": rep, **r})
+            print(f"repeat {rep}/{args.repeats} {v:<14} {r['samples_per_s']:6.1f} samples/s  wall {r['wall_s']:6.1f}s"
+                  f"  EM {r['eval_exact_match']:.2f}  F1 {r['eval_f1']:.2f}  final loss {r['final_loss']:.4f}  "
+                  f"({r.get('precision')}, load {r['load_avg_before']:.1f})", flush=True)
+    config = {"model": args.model, "data": args.data, "eval_data": args.eval_data, "ranks": args.ranks,
+              "batch_size": args.batch_size, "epochs": args.epochs, "max_steps": args.max_steps,
+              "warmup": args.warmup, "repeats": args.repeats, "variants": order,
+              "version_2_with_negative": args.version_2_with_negative, "torchrun_omp_num_threads":
+              torchrun_env["OMP_NUM_THREADS"]}
+    result = {"config": config, "machine": machine(), **summarize(raw, order), "raw": raw,
+              "method": "samples_per_s over steps W+1..S from rank 0's step-end clock; wall_s = whole command"}
+    label = Path(args.data).stem if args.data != "qa" else "builtin-qa"
+    out = args.out or harness.BENCH / "results" / f"qa-{label}-n{args.ranks}-{args.model if args.model in harness.MODEL_SPECS else Path(args.model).name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print("\n" + markdown(result))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
