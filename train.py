@@ -22,6 +22,7 @@ from corecpu.reporting.trackers import parse_report_to
 from corecpu.tasks.registry import make_task
 from corecpu.training import outputs
 from corecpu.training.config import TrainConfig, parse_config
+from corecpu.training.output_lock import OutputLock
 from corecpu.training.modeling import check_inputs, load_tokenizer, optimizer_groups, weights_bytes
 
 
@@ -42,6 +43,9 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
         check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
         data = task.load()
         model, model_desc = task.model(data)
+        lock = OutputLock.acquire(cfg.output_dir) if run.is_main else None  # one run per output directory
+        if lock:
+            run.on_close(lock.release)
 
     torch.manual_seed(cfg.seed + run.rank)  # dropout differs per rank; the data order does not (sampler seed)
     train_set, eval_set = task.features(data, tokenizer, run)
@@ -69,7 +73,7 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     report.say(f"data {task.describe(data)}; global batch {cfg.batch_size * run.world_size * cfg.grad_accum}; "
                f"{steps.total} steps" + (f"; resuming from {run.resumed.path} (step {run.resumed.step})"
                                          if run.resumed else ""))
-    for note in data.notes + ckpt.notes + ([run.precision.warning] if run.precision.warning else []):
+    for note in data.notes + ckpt.notes + [n for n in (lock and lock.note, run.precision.warning) if n]:
         report.say(f"[yellow]warning:[/] {note}")
 
     # -------------------------------------------------------------- training

@@ -194,6 +194,39 @@ def config_changes(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
     return changes
 
 
+def _layout(config: dict[str, Any], world: int) -> tuple[int, int, int] | None:
+    try:
+        return int(config["batch_size"]), world, int(config["grad_accum"])
+    except (KeyError, TypeError, ValueError):
+        return None  # a library user's config without them: nothing to compare
+
+
+def layout_change(saved: dict[str, Any], saved_world: int, config: dict[str, Any], world: int) -> str | None:
+    """What changed in examples per micro-batch (batch x ranks) or micro-batches per step, or None.
+
+    The saved position counts micro-batches per rank; it names the same examples only when every
+    micro-batch spans as many examples over all ranks as before (2 ranks x 8 -> 1 rank x 16 does),
+    and steps hold as many micro-batches."""
+    was, now = _layout(saved, saved_world), _layout(config, world)
+    if was is None or now is None or (was[0] * was[1], was[2]) == (now[0] * now[1], now[2]):
+        return None
+    return (f"it was saved by {was[1]} rank(s) x batch {was[0]} x --grad-accum {was[2]} and this run is {now[1]} "
+            f"rank(s) x batch {now[0]} x --grad-accum {now[2]}")
+
+
+def approximate_position(saved: dict[str, Any], saved_world: int, config: dict[str, Any], world: int,
+                         batches: int) -> str:
+    """How far the approximate resume position is from where the checkpoint stopped, in examples."""
+    was, now = _layout(saved, saved_world), _layout(config, world)
+    assert was is not None and now is not None
+    seen, skip = batches * was[0] * was[1], batches * now[0] * now[1]
+    if skip == seen:
+        return "the same number of examples of this epoch is skipped"
+    what = "skipped without being trained on" if skip > seen else "trained on a second time"
+    return f"the checkpoint had used {seen} examples of its epoch; this run starts after {skip}, so about " \
+           f"{abs(skip - seen)} are {what}"
+
+
 def label_problem(saved: dict[str, Any], config: dict[str, Any]) -> str | None:
     """Why the checkpoint's head cannot fit this run's model, or None: another task or other labels."""
     task_was, task_now = saved.get("task", "classification"), config.get("task", "classification")
@@ -247,6 +280,15 @@ def resume(
     if errors:
         raise CoreCPUError(errors[0])
     loop.notes = notes + loop.notes
+    saved_world = int((read_meta(path)[0] or {}).get("world_size", world))
+    moved = layout_change(saved_config, saved_world, config, world)
+    if moved and not config.get("resume_approximate"):
+        raise CoreCPUError(f"cannot resume exactly from {path}: {moved}, so the position in epoch {loop.epoch + 1} "
+                           "would skip or repeat examples; resume with the same ranks x batch size x --grad-accum, "
+                           "or pass --resume-approximate to accept that")
+    if moved:
+        where = approximate_position(saved_config, saved_world, config, world, loop.batches_in_epoch)
+        loop.notes.append(f"resuming approximately ({moved}): {where}")
     changes = config_changes(saved_config, config)
     if changes:
         loop.notes.append(f"resuming with changed settings: {'; '.join(changes)}")

@@ -82,6 +82,9 @@ class TrainConfig:
     keep_checkpoints: int = opt(2, "keep the newest K checkpoints")
     resume: str = opt("", "'auto': continue from the newest complete checkpoint in --output-dir; or a checkpoint dir",
                        metavar="auto|DIR")
+    resume_approximate: bool = opt(False, "resume even when ranks x --batch-size x --grad-accum differ from the "
+                                    "checkpoint's; the position in the epoch is then approximate (the start-up says "
+                                    "how many examples are skipped or repeated)")
     report_to: str = opt("none", "experiment trackers, comma-separated: none, tensorboard, mlflow, wandb",
                           metavar="LIST")
     progress: str = opt("auto", "rich progress bar on rank 0: auto (only on a terminal), on, off",

@@ -26,7 +26,7 @@ from corecpu.training.checkpoint_files import list_checkpoints
 
 # What a run writes; anything else in the directory (a user's notes, data) is left alone.
 RUN_OUTPUTS = ("final", "checkpoints", "summary.json", "metrics.jsonl", "config.json", "topology.json", "tensorboard",
-               "mlruns")
+               "mlruns", "predictions.json", "null_odds.json")
 SET_ASIDE_PREFIX = "previous-"
 
 

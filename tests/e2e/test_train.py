@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,3 +135,35 @@ def test_default_model_learns_the_builtin_task(tmp_path):
     launch(2, "--max-steps", "60", "--log-every", "20", "--progress", "off", "--output-dir", str(out), timeout=600)
     _, evals = records(out)
     assert evals[-1]["eval_accuracy"] > 0.7, evals
+
+
+def test_resume_keeps_or_refuses_the_batch_layout(tmp_path):
+    # 2 ranks x 8 for 20 steps, a checkpoint at step 10; resumed from it elsewhere with another layout.
+    common = [*TINY, "--max-steps", "20", "--log-every", "1", "--eval-data", "none"]
+    launch(2, *common, "--batch-size", "8", "--save-every", "10", "--keep-checkpoints", "3",
+           "--output-dir", str(tmp_path / "straight"))
+    straight, _ = records(tmp_path / "straight")
+
+    def from_step_10(name: str) -> Path:
+        out = tmp_path / name
+        (out / "checkpoints").mkdir(parents=True)
+        shutil.copytree(tmp_path / "straight" / "checkpoints" / "step-00000010", out / "checkpoints" / "step-00000010")
+        return out
+
+    # 1 rank x 16: the same examples in every micro-batch, so the same losses.
+    same = single(*common, "--batch-size", "16", "--resume", "auto", "--output-dir", str(from_step_10("same")))
+    assert same.returncode == 0, same.stderr
+    resumed, _ = records(tmp_path / "same")
+    assert [r["step"] for r in resumed] == list(range(11, 21))
+    for a, b in zip(straight[10:], resumed):
+        assert abs(a["loss"] - b["loss"]) < 1e-5, (a, b)
+    # 1 rank x 8 would read the position under another layout: refused, one line, unless accepted.
+    refused = single(*common, "--batch-size", "8", "--resume", "auto", "--output-dir", str(from_step_10("other")))
+    assert refused.returncode == 2
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("corecpu: error: cannot resume exactly from") and "--resume-approximate" in last
+    assert "saved by 2 rank(s) x batch 8 x --grad-accum 1 and this run is 1 rank(s) x batch 8" in last
+    accepted = single(*common, "--batch-size", "8", "--resume", "auto", "--resume-approximate",
+                      "--output-dir", str(tmp_path / "other"))
+    assert accepted.returncode == 0, accepted.stderr
+    assert "resuming approximately" in accepted.stdout and "are trained on a second time" in accepted.stdout
