@@ -18,11 +18,19 @@ from corecpu.errors import CoreCPUError
 
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json-lines": "jsonl"}
 FORMAT_CHOICES = ("auto", "tsv", "csv", "jsonl")  # --data-format
+# csv's default field limit is 128 KiB; a long document in one cell is legitimate training data.
+FIELD_LIMIT = 256 * 1024 * 1024
+_COMPRESSED = {b"\x1f\x8b": ("gzip", "gunzip"), b"BZh": ("bzip2", "bunzip2"), b"\xfd7zXZ": ("xz", "unxz"),
+               b"(\xb5/\xfd": ("zstd", "unzstd"), b"PK\x03\x04": ("zip", "unzip")}
 
 
 def read_text(path: Path) -> str:
     """The file decoded as UTF-8 (a BOM is dropped); a bad byte is reported by line and column."""
     raw = path.read_bytes()
+    for magic, (kind, tool) in _COMPRESSED.items():
+        if raw.startswith(magic):
+            raise CoreCPUError(f"data file '{path}' is {kind}-compressed, not text; decompress it first "
+                               f"({tool} {path.name}) and pass the decompressed file")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -53,6 +61,7 @@ def _records(path: Path, fmt: str) -> Iterator[tuple[int, Any]]:
             return
         # GLUE TSVs (MRPC, SST-2) contain bare quote characters: with quoting on, csv would
         # swallow tabs and newlines until the next quote. CSV keeps normal RFC 4180 quoting.
+        csv.field_size_limit(FIELD_LIMIT)
         reader = csv.reader(fh, **({"delimiter": "\t", "quoting": csv.QUOTE_NONE} if fmt == "tsv" else {}))
         prev = 0
         try:
@@ -91,6 +100,10 @@ def load_file(path: str | Path, *, fmt: str | None = None, text_column: Column =
     labels the training set never had are then an error instead of a silent new class.
     """
     path = Path(path)
+    if path.is_dir():
+        raise CoreCPUError(f"data '{path}' is a directory, and not a saved Hugging Face dataset (no dataset_info.json "
+                           "or dataset_dict.json in it); pass a TSV, CSV, JSONL, Parquet or Arrow file, or a "
+                           "save_to_disk directory")
     if not path.is_file():
         raise CoreCPUError(f"data file '{path}' not found; pass --data PATH to a TSV, CSV or JSONL file, "
                            f"or a built-in task: --data {' or '.join(TASKS)}")

@@ -25,7 +25,7 @@ from corecpu.data.tokenized import TokenizedDataset
 from corecpu.data.types import ClassificationData
 from corecpu.distributed.process_group import barrier
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a digest of the contents, checked on every read
 T = TypeVar("T")
 
 
@@ -92,11 +92,35 @@ def _write(path: Path, state: dict[str, Any]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def state_digest(state: dict[str, Any]) -> str:
+    """SHA-256 of every value in the state (tensor bytes, other values as JSON), in key order: a file whose
+    token ids changed while it still unpickles (bit rot, a bad copy) no longer matches the digest."""
+    h = hashlib.sha256()
+    for key in sorted(k for k in state if k != "digest"):
+        value = state[key]
+        h.update(key.encode())
+        if isinstance(value, torch.Tensor):
+            h.update(str((value.dtype, tuple(value.shape))).encode())
+            h.update(value.contiguous().numpy().tobytes())
+        else:
+            h.update(json.dumps(value, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
 def _read(path: Path, restore: Callable[[dict[str, Any]], T]) -> T | None:
     try:
         state = torch.load(path, weights_only=True)
-        return restore(state) if state.get("version") == FORMAT_VERSION else None
     except Exception:  # noqa: BLE001 - a torn pickle fails in many ways; any of them means tokenize instead
+        return None
+    if state.get("version") != FORMAT_VERSION:
+        return None
+    if state.get("digest") != state_digest(state):
+        print(f"note: the tokenization cache {path} does not match its checksum (a damaged file); tokenizing again",
+              file=sys.stderr, flush=True)
+        return None
+    try:
+        return restore(state)
+    except Exception:  # noqa: BLE001 - a state of another shape: rebuild
         return None
 
 
@@ -120,7 +144,8 @@ def cached_per_host(path: Path | None, build: Callable[[], T], state_of: Callabl
                 wait()  # release the other local ranks: they hit the same error building for themselves
                 raise
             try:
-                _write(path, {"version": FORMAT_VERSION, **state_of(result)})
+                state = {"version": FORMAT_VERSION, **state_of(result)}
+                _write(path, {**state, "digest": state_digest(state)})
             except OSError as exc:
                 print(f"note: cannot write the tokenization cache {path} ({exc.strerror}); every rank tokenizes",
                       file=sys.stderr, flush=True)

@@ -124,6 +124,19 @@ def read_hostfile(path: str) -> list[str]:
     return hosts
 
 
+def unresolved_host(path: str, hosts: Sequence[str], resolve=socket.getaddrinfo) -> str | None:
+    """The one-line problem with the first host name that does not resolve, or None. mpirun would
+    otherwise answer with a page of Intel MPI advice, after a timeout."""
+    for host in dict.fromkeys(hosts):
+        try:
+            resolve(host, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            return (f"hostfile {path!r}: host {host!r} does not resolve ({reason}); fix the name, or add it to "
+                    "/etc/hosts or DNS")
+    return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -274,6 +287,8 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
         plan = plan_launch(req, os.environ, sys.executable, len(os.sched_getaffinity(0)))
+        if req.hostfile and not req.dry_run and (problem := unresolved_host(req.hostfile, read_hostfile(req.hostfile))):
+            raise CoreCPUError(problem)
         for w in plan.warnings:
             print(f"corecpu launch: warning: {w}", file=sys.stderr, flush=True)
         env = {**os.environ, **plan.env}

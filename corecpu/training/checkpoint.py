@@ -15,6 +15,7 @@ restore each one.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 import socket
@@ -334,7 +335,13 @@ def _load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         raise CoreCPUError(f"cannot resume from {path}: {problem}")
     try:
         state = torch.load(path / STATE, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a file rank 0 verified but this rank cannot read (another filesystem view)
+    except Exception as exc:
+        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+            # torch's own advice here is to load with weights_only=False, i.e. to run the file's code: never.
+            raise CoreCPUError(f"checkpoint {path / STATE} holds Python objects besides tensors (a pickle that could "
+                               "run code when loaded), so corecpu does not load it; resume from another checkpoint "
+                               "or start fresh") from None
+        # A file rank 0 verified but this rank cannot read: another filesystem view.
         raise CoreCPUError(f"cannot read {path / STATE} on rank {rank} ({_first_line(exc)}); every rank needs "
                            "the same output directory") from None
     try:

@@ -300,3 +300,24 @@ def test_format_and_header_options_through_load_data(tmp_path):
     assert "--data-format" in error(load_data, path)
     assert "--no-header does not apply" in error(load_data, "builtin", has_header=False)
     assert "--data-format does not apply" in error(load_data, "builtin", fmt="csv")
+
+
+def test_file_messages_name_the_real_problem(tmp_path):
+    import gzip
+
+    packed = tmp_path / "train.tsv"
+    packed.write_bytes(gzip.compress(b"text\tlabel\nfine\tpos\nbad\tneg\n"))
+    with pytest.raises(CoreCPUError, match=r"is gzip-compressed, not text; decompress it first \(gunzip train.tsv\)"):
+        load_file(packed, fmt="tsv")
+    folder = tmp_path / "mydata"
+    folder.mkdir()
+    with pytest.raises(CoreCPUError, match="is a directory, and not a saved Hugging Face dataset"):
+        load_file(folder)
+
+
+def test_a_two_megabyte_tsv_field_loads(tmp_path):
+    long = "word " * 400_000  # 2 MB in one cell: past csv's default 128 KiB field limit
+    path = tmp_path / "long.tsv"
+    path.write_text(f"text\tlabel\n{long}\tpos\nshort\tneg\n")
+    data = load_file(path)
+    assert data.texts[0].split() == long.split() and data.texts[1] == "short"

@@ -161,3 +161,19 @@ def test_unwritable_or_torn_cache_falls_back_to_tokenizing(tmp_path):
     assert other.input_ids[2] == [1, 102, 103, 2] and tok.calls == 2
     writer = tokenize_cached(small_data(), tok, 4, blocked / "sub", local_rank=0, wait=lambda: None)
     assert writer.input_ids == other.input_ids and tok.calls == 3
+
+
+def test_a_cache_file_whose_ids_rotted_is_rebuilt(tmp_path, capsys):
+    import torch
+
+    tok = CountingTokenizer()
+    clean = tokenize_cached(small_data(), tok, 4, tmp_path, local_rank=0, wait=lambda: None).input_ids
+    path = cache_path(tmp_path, small_data(), tok, 4)
+    state = torch.load(path, weights_only=True)
+    state["input_ids"][1] = 0  # still a valid file, with one token id changed ([UNK]-like)
+    torch.save(state, path)
+    again = tokenize_cached(small_data(), tok, 4, tmp_path, local_rank=0, wait=lambda: None)
+    assert again.input_ids == clean and tok.calls == 2
+    assert "does not match its checksum (a damaged file); tokenizing again" in capsys.readouterr().err
+    fixed = tokenize_cached(small_data(), tok, 4, tmp_path, local_rank=0, wait=lambda: None)
+    assert fixed.input_ids == clean and tok.calls == 2  # the rewritten file verifies

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -53,3 +54,19 @@ def test_launch_oversubscription_and_hostfile(tmp_path):
     with pytest.raises(CoreCPUError, match="do not fit"):
         plan_launch(LaunchRequest(9, "train.py", hostfile=str(hosts), ppn=4), {}, "python", 8,
                     which=lambda n: "/x/" + n)
+
+
+def test_a_hostfile_host_that_does_not_resolve_is_one_line(tmp_path):
+    from corecpu.launching.launch import unresolved_host
+
+    assert unresolved_host("hosts", ["localhost", "127.0.0.1"]) is None
+    problem = unresolved_host("hosts", ["localhost", "no-such-node.invalid"])
+    assert problem.startswith("hostfile 'hosts': host 'no-such-node.invalid' does not resolve (")
+    assert problem.endswith("fix the name, or add it to /etc/hosts or DNS") and "\n" not in problem
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:1\nno-such-node.invalid:1\n")
+    (tmp_path / "job.py").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "corecpu.launch", "-n", "2", "-f", str(hostfile), "job.py"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"corecpu: error: {unresolved_host(str(hostfile), ['no-such-node.invalid'])}"]

@@ -324,3 +324,28 @@ def test_real_disk_full_on_a_small_tmpfs(small_tmpfs, monkeypatch):
     with pytest.raises(CoreCPUError, match=r"^no space left on .*: checkpoint needs about 3 MB"):
         save(small_tmpfs, 3, model, opt)  # and the estimate catches it before writing anything
     assert [p.name for p in (small_tmpfs / "checkpoints").iterdir()] == [first.name]
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("this ran while loading",))
+
+
+def test_a_pickle_payload_is_refused_without_suggesting_weights_only_false(tmp_path, capsys):
+    import pickle
+
+    from corecpu.training.checkpoint_files import DIGEST, META, file_digest
+
+    model, opt, _ = trained()
+    path = save(tmp_path, 1, model, opt)
+    with open(path / "state.pt", "wb") as fh:
+        pickle.dump({"model": _Payload()}, fh)
+    meta = json.loads((path / META).read_text())  # as if the attacker also rewrote the checksums
+    meta["files"]["state.pt"] = {"bytes": (path / "state.pt").stat().st_size, DIGEST: file_digest(path / "state.pt")}
+    (path / META).write_text(json.dumps(meta))
+    with pytest.raises(CoreCPUError) as err:
+        ckpt.resume(tmp_path, "auto", model=model, optimizer=opt)
+    message = str(err.value)
+    assert "holds Python objects besides tensors" in message and "does not load it" in message
+    assert "weights_only=False" not in message and "same output directory" not in message
+    assert "this ran while loading" not in capsys.readouterr().out
