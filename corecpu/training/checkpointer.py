@@ -14,6 +14,8 @@ A fresh start (nothing to resume) moves an earlier run's outputs in the director
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,8 @@ from corecpu.errors import CoreCPUError
 from corecpu.training import checkpoint, outputs
 from corecpu.training.checkpoint import LoopState
 from corecpu.training.steps import Step
+
+STOPPED = "stopped.json"  # written when a stop signal ended the run with a checkpoint; removed by the next start
 
 if TYPE_CHECKING:  # the run calls in here from wrap(); a real import would be a cycle
     from corecpu.training.run import Run
@@ -56,7 +60,18 @@ class Checkpoints:
         self.notes = list(self.resumed.notes) if self.resumed else []
         if run.is_main and (moved := outputs.set_aside_earlier_run(self.output_dir, resuming=self.resumed is not None)):
             self.notes.append(moved)
+        if run.is_main:
+            (self.output_dir / STOPPED).unlink(missing_ok=True)  # this run continues (or replaces) the stopped one
         return self.resumed
+
+    def mark_stopped(self, signal_name: str, step: int, path: Path | None) -> None:
+        """Rank 0: OUTPUT_DIR/stopped.json after a stop signal's checkpoint. Requeue scripts test for it:
+        exit code 75 does not survive every launcher (torchrun reports 1), the file does."""
+        record = {"signal": signal_name, "step": step, "checkpoint": str(path) if path else None, "exit_code": 75,
+                  "resume": "--resume auto"}
+        tmp = self.output_dir / f".{STOPPED}.tmp"
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, self.output_dir / STOPPED)
 
     def attach(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
         """What to save from now on: the wrapped model (saved unwrapped) and the optimizer in use."""

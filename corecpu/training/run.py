@@ -335,6 +335,8 @@ class Run:
             self.print0(f"stopped by {preempt.signal_name(signum)} at step {step.number}; no checkpointer, "
                         "nothing saved (pass checkpoint= to run.wrap())")
             raise SystemExit(128 + signum)
+        if self.is_main:
+            ckpt.mark_stopped(preempt.signal_name(signum), step.number, saved)
         self.print0(preempt.stop_line(signum, step.number, saved.name if saved else f"step-{step.number}"))
         raise SystemExit(preempt.EXIT_STOPPED)
 

@@ -7,6 +7,7 @@ returned 143 and the ranks were killed before saving), and the second hung for g
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -72,9 +73,13 @@ def test_sigterm_to_every_process_saves_and_resumes_exactly(tmp_path, straight, 
     if launcher == "mpirun":  # torchrun's agent prints its own SignalException traceback on SIGTERM
         assert "Traceback" not in text and "BAD TERMINATION" not in text, text[-3000:]
     complete_checkpoint(job.out, step)
+    # What requeue scripts test, whatever the launcher made of the exit code.
+    marker = json.loads((job.out / "stopped.json").read_text())
+    assert marker["signal"] == "SIGTERM" and marker["step"] == step and marker["checkpoint"].endswith(found[0][1])
     assert survivors(job.marker, within=10) == {}
     resumed = run(tmp_path, 2, *COMMON, "--launcher", launcher, "--resume", "auto", name="run")
     assert f"(step {step})" in resumed.text()
+    assert not (job.out / "stopped.json").exists()  # the resumed run ended normally
     assert losses(job.out) == straight  # bit-identical to the run that was never stopped
 
 

@@ -153,3 +153,23 @@ def test_score_keys_name_v1_and_v2_alike():
     line = make_task(parse_config(["--task", "qa"])).eval_line(7, v2)
     assert line == ("eval  step 7 | exact match 40.00 | F1 45.00 | 5 questions | HasAns EM 30.00 F1 37.50 (4) | "
                     "NoAns EM 100.00 F1 100.00 (1)")
+
+
+def test_flat_rows_from_jsonl_and_a_saved_dataset_dict(tmp_path):
+    import json
+
+    datasets = pytest.importorskip("datasets")
+    rows = {split: [{"id": ex.id, "question": ex.question, "context": ex.context,
+                     "answers": {"text": list(ex.answer_texts), "answer_start": list(ex.answer_starts)}}
+                    for ex in builtin_qa_dataset(split, n=n).examples] for split, n in (("train", 30), ("eval", 8))}
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(json.dumps({**r, "query": r.pop("question")}) + "\n" for r in
+                             [dict(r) for r in rows["train"]]))
+    data = make_task(parse_config(["--task", "qa", "--data", str(jsonl), "--question-column", "query"])).load()
+    assert len(data.train) == 30 and data.eval is None  # a file: no evaluation unless --eval-data
+    saved = tmp_path / "squad"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows["train"]),
+                          "validation": datasets.Dataset.from_list(rows["eval"])}).save_to_disk(str(saved))
+    data = make_task(parse_config(["--task", "qa", "--data", str(saved)])).load()
+    assert (len(data.train), len(data.eval)) == (30, 8)  # --eval-data auto: the saved validation split
+    assert [ex.id for ex in data.eval.examples] == [r["id"] for r in rows["eval"]]
