@@ -80,6 +80,21 @@ class RecordingTrainer(Trainer):
         return loss
 
 
+def step_records(trainer: RecordingTrainer, recorder: Recorder, world: int) -> list[dict[str, Any]] | None:
+    """Rank 0: one record per optimizer step (its end time, mean loss, global samples, mean padded
+    width) in benchmarks/stats.py's format; None on the other ranks. Collective."""
+    n = len(recorder.times)
+    # Per-rank losses are means over each rank's batch: average over ranks; sizes and widths add up.
+    per_step = torch.tensor([trainer.step_losses[:n], trainer.step_sizes[:n], trainer.step_widths[:n]],
+                            dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(per_step)
+    if (dist.get_rank() if dist.is_initialized() else 0) != 0:
+        return None
+    return [{"step": i + 1, "t": recorder.times[i], "loss": per_step[0, i].item() / world,
+             "samples": int(per_step[1, i]), "padded_len": per_step[2, i].item() / world} for i in range(n)]
+
+
 def metrics_fn(num_labels: int):
     def compute_metrics(pred: EvalPrediction) -> dict[str, float]:
         logits = torch.as_tensor(pred.predictions[0] if isinstance(pred.predictions, tuple) else pred.predictions)
@@ -136,16 +151,9 @@ def main() -> None:
         trainer.evaluate()  # max_steps ended mid-epoch: evaluate the final weights like corecpu does
     shutil.rmtree(workdir, ignore_errors=True)
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    n = len(recorder.times)
-    # Per-rank losses are means over each rank's batch: average over ranks; sizes and widths add up.
-    stats = torch.tensor([trainer.step_losses[:n], trainer.step_sizes[:n], trainer.step_widths[:n]],
-                         dtype=torch.float64)
-    if world > 1:
-        dist.all_reduce(stats)
-    if rank == 0:
-        records = [{"step": i + 1, "t": recorder.times[i], "loss": stats[0, i].item() / world,
-                    "samples": int(stats[1, i]), "padded_len": stats[2, i].item() / world} for i in range(n)]
+    records = step_records(trainer, recorder, world)
+    if records is not None:
+        n = len(records)
         evals = [{"step": e["step"], **{k: v for k, v in e.items() if k.startswith("eval_")},
                   "eval_loss": e.get("eval_xent"), "trainer_eval_loss": e.get("eval_loss")} for e in recorder.evals]
         write_records(args.out_json, "hf_trainer", records, evals, world_size=world,

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from transformers import DataCollatorWithPadding, TrainingArguments
 
 from common import DEFAULTS, write_records  # benchmarks/ on sys.path
-from hf_trainer import Recorder, RecordingTrainer
+from hf_trainer import Recorder, RecordingTrainer, step_records
 from corecpu.data.builtin_qa import builtin_qa_dataset
 from corecpu.data.qa import gold_answers, load_qa
 from corecpu.tasks.qa_features import QAFeatures, eval_features, train_features
@@ -117,15 +116,9 @@ def main() -> None:
     scores = squad_scores(gold_answers(held.examples), answers.predictions, version_2=args.version_2_with_negative)
     shutil.rmtree(workdir, ignore_errors=True)
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    k = len(recorder.times)
-    per_step = torch.tensor([trainer.step_losses[:k], trainer.step_sizes[:k], trainer.step_widths[:k]],
-                            dtype=torch.float64)
-    if world > 1:
-        dist.all_reduce(per_step)
-    if rank == 0:
-        records = [{"step": i + 1, "t": recorder.times[i], "loss": per_step[0, i].item() / world,
-                    "samples": int(per_step[1, i]), "padded_len": per_step[2, i].item() / world} for i in range(k)]
+    records = step_records(trainer, recorder, world)
+    if records is not None:
+        k = len(records)
         evals = [{"step": k, "eval_exact_match": scores.get("exact_match", scores.get("exact")),
                   "eval_f1": scores["f1"], "eval_examples": len(held.examples)}]
         write_records(args.out_json, "hf_trainer_qa", records, evals, world_size=world, precision=precision,

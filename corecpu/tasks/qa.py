@@ -95,7 +95,7 @@ class QuestionAnswering:
         notes = []
         impossible = sum(ex.is_impossible for ex in train.examples)
         if cfg.version_2_with_negative and not impossible:
-            notes.append(f"--version-2-with-negative is set and no training question is unanswerable; the data "
+            notes.append("--version-2-with-negative is set and no training question is unanswerable; the data "
                          "looks like SQuAD v1.1, so scores follow v2.0's rules without any NoAns questions")
         return QATaskData(train, held, notes)
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from corecpu.data.builtin_qa import builtin_qa_dataset
 from corecpu.data.qa import write_squad_json
 from helpers.common import ROOT
-from helpers.launching import TINY, env_for_launch, launch, run_train
+from helpers.launching import TINY, crash_at_step, launch, run_train
 from helpers.squad_reference import score_v1, score_v2
 
 QA = ["--task", "qa", *TINY]
@@ -130,20 +128,7 @@ def test_killed_qa_run_resumes_with_identical_losses(tmp_path):
               "--eval-data", "none"]
     launch(2, *common, "--output-dir", str(tmp_path / "straight"))
     out = tmp_path / "interrupted"
-    proc = subprocess.Popen(["bash", str(ROOT / "launch.sh"), "2", *common, "--output-dir", str(out)],
-                            env=env_for_launch(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and any(json.loads(l).get("step", 0) >= 10 for l in metrics.read_text().splitlines()
-                                        if l.endswith("}")):
-                break
-            time.sleep(0.01)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # a crash: no chance to write anything more
-        proc.wait()
-    saved = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+    saved = crash_at_step(2, common, out, 10)
     assert saved and 8 <= saved[-1] < 16, f"run was not interrupted mid-way: checkpoints {saved}"
     launch(2, *common, "--output-dir", str(out), "--resume", "auto")
     a, _ = qa_records(tmp_path / "straight")

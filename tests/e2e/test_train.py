@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from helpers.common import ROOT
-from helpers.launching import TINY, env_for_launch, launch, records
+from helpers.launching import TINY, crash_at_step, launch, records
 
 
 def single(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -105,20 +103,7 @@ def test_killed_run_resumes_with_identical_losses(tmp_path):
               "--batch-size", "8", "--eval-data", "none"]
     launch(2, *common, "--output-dir", str(tmp_path / "straight"))
     out = tmp_path / "interrupted"
-    proc = subprocess.Popen(["bash", str(ROOT / "launch.sh"), "2", *common, "--output-dir", str(out)],
-                            env=env_for_launch(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and any(json.loads(l).get("step", 0) >= 67 for l in metrics.read_text().splitlines()
-                                        if l.endswith("}")):
-                break
-            time.sleep(0.01)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # a crash: no chance to write anything more
-        proc.wait()
-    saved = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+    saved = crash_at_step(2, common, out, 67)
     assert saved and 65 <= saved[-1] < 80, f"run was not interrupted mid-way: checkpoints {saved}"
     resumed = launch(2, *common, "--output-dir", str(out), "--resume", "auto")
     assert f"resuming from {out / 'checkpoints'}" in resumed.stdout.replace("\n", "")

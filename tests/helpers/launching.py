@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from helpers.common import ROOT
@@ -26,6 +28,25 @@ def launch(n: int, *args: str, timeout: float = 300, check: bool = True) -> subp
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def crash_at_step(n: int, args: list[str], out: Path, step: int, timeout: float = 240) -> list[int]:
+    """Start `launch.sh n args --output-dir out`, SIGKILL its whole process group once metrics.jsonl
+    reaches `step` (a crash: nothing more is written), and return the checkpoint steps it left."""
+    proc = subprocess.Popen(["bash", str(ROOT / "launch.sh"), str(n), *args, "--output-dir", str(out)],
+                            env=env_for_launch(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and any(json.loads(line).get("step", 0) >= step
+                                        for line in metrics.read_text().splitlines() if line.endswith("}")):
+                break
+            time.sleep(0.01)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
 
 
 def records(out: Path) -> tuple[list[dict], list[dict]]:
