@@ -176,6 +176,9 @@ class QuestionAnswering:
             if got is not None:
                 predictions.update(got[0])
                 null_odds.update(got[1])
+        order = [ex.id for ex in ds.examples if ex.id in predictions]  # the files list questions as the data does
+        predictions = {qid: predictions[qid] for qid in order}
+        null_odds = {qid: null_odds[qid] for qid in order}
         scores = squad_scores(gold_answers(ds.examples), predictions, version_2=cfg.version_2_with_negative)
         if run.is_main:
             write_predictions(cfg.output_dir, predictions, null_odds if cfg.version_2_with_negative else None)
