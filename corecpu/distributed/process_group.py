@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import ipaddress
 import logging
 import os
 import socket
@@ -31,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Mapping, MutableMapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -164,11 +165,16 @@ def resolve_master(addr: str) -> str:
     return str(infos[0][4][0])
 
 
-def store_bind_address(master_ip: str, all_local: bool) -> str:
-    """Where rank 0's store listens: only MASTER_ADDR when every rank is on this host (normally loopback,
-    unreachable from the network); every interface otherwise, since the peers' route to MASTER_ADDR may
-    arrive on an address this host knows by another name (NAT, /etc/hosts mapping the hostname to 127.0.1.1)."""
+def store_bind_address(master_ip: str, all_local: bool, local_ips: Iterable[str] | None = None) -> str:
+    """Where rank 0's store listens: MASTER_ADDR itself when every rank is on this host (normally loopback,
+    unreachable from the network), or when it is one of this host's own non-loopback addresses (the one
+    interface the peers reach it by). Every interface only when MASTER_ADDR is not an address of this
+    host (NAT) or is a loopback one (/etc/hosts mapping the host name to 127.0.1.1), since the peers'
+    route then arrives on an address this host knows by another name."""
     if all_local:
+        return master_ip
+    own = set(_iface_addresses().values()) if local_ips is None else set(local_ips)
+    if master_ip in own and not ipaddress.ip_address(master_ip).is_loopback:
         return master_ip
     return "::" if ":" in master_ip else "0.0.0.0"
 

@@ -83,8 +83,11 @@ def test_missing_rank_times_out_with_a_clear_message():
 
 def test_store_listens_on_master_addr_only_when_every_rank_is_local():
     assert store_bind_address("127.0.0.1", all_local=True) == "127.0.0.1"
-    assert store_bind_address("10.0.0.5", all_local=False) == "0.0.0.0"
-    assert store_bind_address("fd00::5", all_local=False) == "::"
+    # Several hosts: MASTER_ADDR's own interface when it is this host's address; all only for NAT or loopback.
+    assert store_bind_address("10.0.0.5", all_local=False, local_ips=["127.0.0.1", "10.0.0.5"]) == "10.0.0.5"
+    assert store_bind_address("10.0.0.5", all_local=False, local_ips=["127.0.0.1", "192.168.1.9"]) == "0.0.0.0"
+    assert store_bind_address("127.0.1.1", all_local=False, local_ips=["127.0.1.1", "10.0.0.5"]) == "0.0.0.0"
+    assert store_bind_address("fd00::5", all_local=False, local_ips=[]) == "::"
 
 
 def test_unresolvable_master_addr_is_named():
