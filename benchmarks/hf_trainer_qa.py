@@ -107,6 +107,10 @@ def main() -> None:
                                processing_class=tokenizer, data_collator=collator, callbacks=[recorder])
     trainer.train()
     # run_qa.py --do_eval: predict on every eval window (Trainer shards and gathers), then post-process.
+    # With group_by_length, transformers 5's Trainer also length-groups the *eval* sampler, so predict()
+    # returns the windows shuffled and feature-order post-processing reads other windows' logits (measured
+    # here: EM 0.00 instead of about 30). Predict in dataset order, as post-processing needs.
+    trainer.args.train_sampling_strategy = "random"
     out = trainer.predict(items(eval_feats, False))
     start_logits, end_logits = out.predictions[:2] if isinstance(out.predictions, tuple) else out.predictions
     n = len(eval_feats)

@@ -58,6 +58,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=7200)
     p.add_argument("--report", type=Path, default=None, help="print the tables of an existing result JSON")
+    p.add_argument("--replace-in", type=Path, default=None, metavar="RESULT.json",
+                   help="run only --variants and replace their runs in an existing result (its other runs kept); "
+                        "the result records which variants were re-run, and when")
     return p.parse_args()
 
 
@@ -116,18 +119,23 @@ def summarize(raw: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     cfg, mach = result["config"], result["machine"]
+    limit = f", at most {cfg['max_steps']} steps" if cfg.get("max_steps") else ""
     head = (f"**{cfg['model']} on {cfg['data']}, {cfg['ranks']} ranks x batch {cfg['batch_size']}, windows 384 / "
-            f"stride 128, {cfg['epochs']} epoch(s), median of {cfg['repeats']} interleaved repeats | CPU: "
+            f"stride 128, {cfg['epochs']} epoch(s){limit}, median of {cfg['repeats']} interleaved repeats | CPU: "
             f"{mach['cpu_model']} ({mach['usable_cpus']} CPUs; {stats.flags_text(mach['cpu_flags'])})**")
     rows = ["| variant | precision | padding | samples/s | vs run_qa | wall s | wall speed-up vs run_qa | EM | F1 | "
             "F1 vs run_qa |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for v, m in result["medians"].items():
         r = result["ratios"].get(v, {})
         first = next(x for x in result["raw"] if x["variant"] == v)
-        padding = first.get("padding", "dynamic, length-grouped") if v != "corecpu" else "dynamic, length-grouped"
+        padding = {"max_length": "every window to 384", "dynamic": "dynamic, length-grouped"}.get(
+            first.get("padding", ""), "dynamic, length-grouped")
         rows.append(f"| {v} | {first.get('precision', '-')} | {padding} | {m['samples_per_s']:.1f} | "
                     f"{r.get('throughput', float('nan')):.2f}x | {m['wall_s']:.0f} | {r.get('wall_speedup', float('nan')):.2f}x | "
                     f"{m['eval_exact_match']:.2f} | {m['eval_f1']:.2f} | {r.get('f1_delta', float('nan')):+.2f} |")
+    for rerun in result.get("rerun", []):
+        rows.append(f"\n{', '.join(rerun['variants'])}: re-run after the others ({rerun['machine']['date_utc']}), "
+                    "so not interleaved with them")
     return "\n".join([head, "", *rows]) + "\n"
 
 
@@ -163,8 +171,14 @@ def main() -> None:
               torchrun_env["OMP_NUM_THREADS"]}
     result = {"config": config, "machine": machine(), **summarize(raw, order), "raw": raw,
               "method": "samples_per_s over steps W+1..S from rank 0's step-end clock; wall_s = whole command"}
+    if args.replace_in:  # keep the other variants' runs; these are not interleaved with them
+        old = json.loads(args.replace_in.read_text())
+        kept = [r for r in old["raw"] if r["variant"] not in order]
+        all_order = old["config"]["variants"]
+        result = {**old, "raw": kept + raw, **summarize(kept + raw, all_order),
+                  "rerun": old.get("rerun", []) + [{"variants": order, "machine": machine()}]}
     label = Path(args.data).stem if args.data != "qa" else "builtin-qa"
-    out = args.out or harness.BENCH / "results" / f"qa-{label}-n{args.ranks}-{args.model if args.model in harness.MODEL_SPECS else Path(args.model).name}.json"
+    out = args.out or args.replace_in or harness.BENCH / "results" / f"qa-{label}-n{args.ranks}-{args.model if args.model in harness.MODEL_SPECS else Path(args.model).name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print("\n" + markdown(result))
