@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from corecpu.distributed import BACKENDS
+from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import ccl_status
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
@@ -313,9 +314,11 @@ def init_distributed(
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     env: MutableMapping[str, str] | None = None,
     info: LaunchInfo | None = None,
+    plan_env: Callable[[], Mapping[str, str]] = dict,
 ) -> ProcessGroup:
     """For more than one rank, create the process group. `info` is the launcher detected once by the
-    caller (corecpu.setup); without it the environment is read here.
+    caller (corecpu.setup); without it the environment is read here. `plan_env()` is this node's plan's
+    environment where corecpu.bind did not already apply it (oneCCL's worker and transport settings).
 
     Gives up within `startup_timeout_s` (+ a few seconds) whatever the peers do, with one line."""
     env = os.environ if env is None else env
@@ -329,10 +332,11 @@ def init_distributed(
     # Export what was derived, so anything else reading the env:// protocol agrees.
     env.setdefault("MASTER_ADDR", addr)
     env.setdefault("MASTER_PORT", str(port))
+    if chosen == "ccl":
+        reason = f"{reason}; {apply_ccl_env(env, plan_env, info)}"
+        import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
     pg = ProcessGroup(chosen, reason, addr, port)
     ip = resolve_master(addr)
-    if chosen == "ccl":
-        import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
     if chosen == "gloo":
         _pin_gloo_interface(env, addr)
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # as torch's own env:// rendezvous reads it

@@ -430,7 +430,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
     if graceful_stop:
         preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
-    pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info)
+    pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info, plan_env=lambda: node.env)
     try:
         path, path_reason = choose_allreduce(opts.allreduce, info, env)
         bindings = tuple(_pg.gather_objects(_threads.binding_report()))

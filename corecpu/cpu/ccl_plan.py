@@ -1,0 +1,38 @@
+"""The oneCCL part of a node's plan: where its worker threads run, or that none runs, and its transport.
+
+Pure. oneCCL progresses collectives in worker threads that poll; `CCL_WORKER_AFFINITY` lists one CPU per
+worker per local rank (rank 0's first). A rank with a core to spare gets a worker on it (plan.py reserves
+it); a rank without one runs its collectives in its own thread (`CCL_WORKER_OFFLOAD=0`), because a polling
+worker on the compute core starves the compute: measured on the 2-vCPU dev machine (2 ranks, torchrun), a
+1 MB all-reduce took 36 ms with oneCCL's defaults and 0.36-0.41 ms with CCL_WORKER_OFFLOAD=0.
+
+Transport: oneCCL's own OFI transport over libfabric's shm/tcp providers (from impi-rt), with its
+shared-memory path between ranks on one node; measurements in benchmarks/README.md ("oneCCL settings").
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+# Chosen by benchmarks/allreduce.py (see benchmarks/README.md): ofi works under every launcher corecpu
+# supports (mpi needs ranks started by an MPI launcher), and CCL_ATL_SHM=1 moves intra-node messages
+# through shared memory instead of the tcp provider.
+ATL_TRANSPORT = "ofi"
+ATL_SHM = "1"
+
+
+def ccl_environment(compute_cpus: Sequence[Sequence[int]], worker_cpus: Sequence[Sequence[int]]) -> dict[str, str]:
+    """Pure: oneCCL's variables for the local ranks, given each rank's compute CPUs and reserved worker CPUs
+    (all ranks reserve the same number, possibly none)."""
+    env = {"CCL_ATL_TRANSPORT": ATL_TRANSPORT, "CCL_ATL_SHM": ATL_SHM}
+    workers = len(worker_cpus[0]) if worker_cpus else 0
+    if workers:
+        env["CCL_WORKER_COUNT"] = str(workers)
+        env["CCL_WORKER_AFFINITY"] = ",".join(str(c) for cpus in worker_cpus for c in cpus)
+    else:
+        # No core to spare: run collectives in the rank's thread. oneCCL still starts one (idle) worker;
+        # keep it on the rank's own first CPU rather than wherever the scheduler puts it.
+        env["CCL_WORKER_OFFLOAD"] = "0"
+        env["CCL_WORKER_COUNT"] = "1"
+        env["CCL_WORKER_AFFINITY"] = ",".join(str(cpus[0]) for cpus in compute_cpus)
+    return env
