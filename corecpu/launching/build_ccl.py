@@ -149,11 +149,12 @@ def build_wheel(target: Target, source: Source, work: Path, jobs: int, report: R
     if applied.returncode != 0:
         raise CoreCPUError(f"corecpu's patch does not apply to {source.describe()}: {applied.stdout.strip()[-200:]}")
     (tree / "version.txt").write_text(wheel_version(target.torch) + "\n")
-    prefix = work / "oneccl"
+    prefix = work / "oneccl"  # --ignore-installed: the environment may have oneccl-cpu already (a rebuild)
     report.timed(f"oneccl-cpu {ONECCL} + headers for the build",
-                 lambda: _pip(target, "install", "--no-deps", "--prefix", str(prefix),
+                 lambda: _pip(target, "install", "--no-deps", "--ignore-installed", "--prefix", str(prefix),
                               f"oneccl-cpu=={ONECCL}", f"oneccl-cpu-devel=={ONECCL}"))
-    shutil.copy2(libccl2(target, work.parent), prefix / "lib" / "libccl.so.2")
+    so2 = report.timed("Intel's libccl.so.2 from the oneccl wheel", lambda: libccl2(target, work.parent))
+    shutil.copy2(so2, prefix / "lib" / "libccl.so.2")  # type: ignore[arg-type]
     log = work / "build.log"
     dist = work / "dist"
     env = build_env(os.environ, prefix, jobs)
