@@ -43,6 +43,7 @@ WAIT_MODE_VAR = "I_MPI_WAIT_MODE"
 # at 0.1 ms (benchmarks/allreduce.py, AMD EPYC, idle). Gradient buckets are MBs, so ring it is,
 # unless the user chose an algorithm.
 ALGORITHM_VAR, RING = "I_MPI_ADJUST_ALLREDUCE", "8"
+CCL_EVIDENCE = "measured PENDING"
 
 
 def mpi4py_importable() -> tuple[bool, str]:
@@ -59,18 +60,23 @@ def choose_allreduce(
     info: LaunchInfo,
     env: Mapping[str, str],
     mpi_available: Callable[[], tuple[bool, str]] = mpi4py_importable,
+    backend: str = "gloo",
 ) -> tuple[str, str]:
-    """("none" | "gloo" | "mpi", why). Pure apart from `mpi_available`.
+    """("none" | "gloo" | "ccl" | "mpi", why). Pure apart from `mpi_available`.
 
     MPI is only usable when an MPI launcher started the ranks: under torchrun or srun
-    every process would initialise MPI as a singleton of world size 1.
+    every process would initialise MPI as a singleton of world size 1. gloo and ccl are
+    DDP's own all-reduce on the process group (`backend`), so each needs that backend.
     """
     if requested not in ALLREDUCE_CHOICES:
         raise CoreCPUError(f"all-reduce {requested!r} is not one of: {', '.join(ALLREDUCE_CHOICES)}")
     if not info.distributed:
         return "none", "single process"
-    if requested == "gloo":
-        return "gloo", "requested"
+    if requested in ("gloo", "ccl"):
+        if backend != requested:
+            raise CoreCPUError(f"--allreduce {requested} runs DDP's all-reduce on the process group, which is "
+                               f"{backend}; use --backend {requested} or --allreduce {backend}")
+        return requested, "requested"
     launched_by_mpi = info.mpi_world
     ok, why = mpi_available() if launched_by_mpi else (False, "")
     if requested == "mpi":
@@ -82,6 +88,10 @@ def choose_allreduce(
         if not ok:
             raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); pip install mpi4py impi-rt, or use gloo")
         return "mpi", f"requested; started by {info.launcher}"
+    if backend == "ccl":
+        # Measured (benchmarks/README.md, "All-reduce"): on the 2-vCPU dev machine oneCCL (plan settings)
+        # all-reduced 1-128 MB faster than Intel MPI through corecpu's comm thread.
+        return "ccl", f"DDP on the ccl process group: {CCL_EVIDENCE}"
     if not launched_by_mpi:
         return "gloo", f"started by {info.launcher}, not MPI"
     if not ok:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from corecpu.distributed import BACKENDS
 from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
-from corecpu.cpu.hardware import ccl_status
+from corecpu.cpu.hardware import Extension, ccl_status
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 
 log = logging.getLogger("corecpu")
@@ -63,8 +63,12 @@ class ProcessGroup:
     store: Any = field(default=None, compare=False, repr=False)
 
 
-def choose_backend(requested: str) -> tuple[str, str]:
-    """The backend to use and why. Asking for one that cannot work is an error, never a silent fallback."""
+def choose_backend(requested: str, allreduce: str = "auto",
+                   status: Callable[[], Extension] = ccl_status) -> tuple[str, str]:
+    """The backend to use and why. Asking for one that cannot work is an error, never a silent fallback.
+
+    `allreduce` is the gradient path asked for: `--allreduce gloo` needs a gloo process group (so auto
+    picks gloo for it), `--allreduce ccl` a ccl one. `status()` says whether the oneCCL bindings work."""
     if requested not in BACKENDS:
         raise CoreCPUError(f"unknown backend {requested!r}; use one of: {', '.join(BACKENDS)}")
     if requested == "gloo":
@@ -75,15 +79,20 @@ def choose_backend(requested: str) -> tuple[str, str]:
                 "--backend mpi needs a PyTorch built with MPI, and this one is not; use --backend gloo or auto"
             )
         return "mpi", "requested"
-    ccl = ccl_status()
+    if requested == "auto" and allreduce == "gloo":
+        return "gloo", "--allreduce gloo all-reduces gradients on a gloo process group"
+    ccl = status()
     if requested == "ccl":
         if not ccl.usable:
             raise CoreCPUError(
-                f"--backend ccl needs oneccl_bindings_for_pytorch matching torch ({ccl.reason}); use --backend gloo or auto"
+                f"--backend ccl needs oneccl_bindings_for_pytorch matching torch ({ccl.reason}); run `corecpu build-ccl` "
+                "(or ./launch.sh --with-ccl), or use --backend gloo or auto"
             )
         return "ccl", ccl.reason
     if ccl.usable:
         return "ccl", ccl.reason
+    if allreduce == "ccl":
+        raise CoreCPUError(f"--allreduce ccl needs the ccl backend, and {ccl.reason}; run `corecpu build-ccl`")
     return "gloo", f"{ccl.reason}; gloo is PyTorch's built-in CPU backend"
 
 
@@ -315,6 +324,7 @@ def init_distributed(
     env: MutableMapping[str, str] | None = None,
     info: LaunchInfo | None = None,
     plan_env: Callable[[], Mapping[str, str]] = dict,
+    allreduce: str = "auto",
 ) -> ProcessGroup:
     """For more than one rank, create the process group. `info` is the launcher detected once by the
     caller (corecpu.setup); without it the environment is read here. `plan_env()` is this node's plan's
@@ -325,7 +335,7 @@ def init_distributed(
     if startup_timeout_s <= 0:
         raise CoreCPUError(f"dist_timeout must be positive, got {startup_timeout_s:g} seconds")
     info = detect_launcher(env) if info is None else info
-    chosen, reason = choose_backend(backend)
+    chosen, reason = choose_backend(backend, allreduce)
     if not info.distributed:
         return ProcessGroup("none", "single process", "", 0)
     addr, port = master_address(env, info)

@@ -72,7 +72,8 @@ def test_srun_style_ranks_tell_oneccl_their_local_layout(tmp_path):
 
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory) -> Path:
-    return run(tmp_path_factory.mktemp("gloo"), 2, *TINY, *STEPS, "--backend", "gloo", name="gloo").out
+    return run(tmp_path_factory.mktemp("gloo"), 2, *TINY, *STEPS, "--backend", "gloo", "--allreduce", "gloo",
+               name="gloo").out
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
@@ -82,7 +83,8 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 
 def test_ddp_on_ccl_gives_gloos_losses_and_weights(tmp_path, gloo_run):
     ccl = run(tmp_path, 2, *TINY, *STEPS, "--backend", "ccl", name="ccl").out
-    assert _config(ccl)["resolved"]["backend"] == "ccl"
+    resolved = _config(ccl)["resolved"]
+    assert resolved["backend"] == "ccl" and resolved["allreduce"] == "ccl", resolved  # DDP's buckets on oneCCL
     got, want = losses(ccl), losses(gloo_run)
     assert [s for s, _ in got] == [s for s, _ in want] == list(range(1, 31))
     assert max(abs(a - b) for (_, a), (_, b) in zip(got, want)) <= 1e-6, (got, want)
