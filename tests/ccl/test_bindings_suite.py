@@ -9,6 +9,7 @@ corecpu's patch tests instead of waiting under the lock. It must pass 20 times i
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -40,20 +41,32 @@ def _suite(tests: Path, *names: str, timeout: float) -> subprocess.CompletedProc
                              f"{(exc.stderr or b'')[-2000:]!r}") from None
 
 
+def cpu_tests(source: Path) -> list[str]:
+    """Every test method of the file's test classes but the XPU ones (each of those would spawn its two ranks
+    only to skip: 35 of them, 2.5 minutes here)."""
+    tree = ast.parse(source.read_text())
+    return list(dict.fromkeys(  # a name defined twice in a class is one test
+        f"{cls.name}.{fn.name}" for cls in tree.body if isinstance(cls, ast.ClassDef)
+        for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test")
+        and "xpu" not in fn.name.lower()))
+
+
 def test_the_bindings_cpu_suite_passes(upstream_tests):
-    proc = _suite(upstream_tests, timeout=600)
+    names = cpu_tests(upstream_tests / "test_c10d_ccl.py")
+    assert len(names) >= 15 and "ProcessGroupCCLTest.test_allreduce_coalesced_basics" in names, names
+    proc = _suite(upstream_tests, "-v", *names, timeout=600)
     tail = proc.stderr[-3000:]
     assert proc.returncode == 0, tail
-    ran = re.search(r"Ran (\d+) tests", proc.stderr)
-    assert ran and int(ran.group(1)) >= 50, tail
-    assert re.search(r"^OK \(skipped=\d+\)$", proc.stderr, re.M), tail
-    skipped = re.findall(r"^(test_\w+) .*\.\.\. skipped '(.*)'$", proc.stderr, re.M)
-    not_xpu = [name for name, why in skipped if "xpu" not in name.lower() and "xpu" not in why.lower()
-               and "gpu" not in why.lower()]
-    assert not not_xpu, f"CPU tests skipped: {not_xpu}"
+    assert re.search(rf"^Ran {len(names)} tests", proc.stderr, re.M), tail
+    assert re.search(r"^OK( \(skipped=\d+\))?$", proc.stderr, re.M), tail
+    # A CPU test may only skip for want of an XPU (some need several devices without saying xpu in their name).
+    skipped = re.findall(r"^(test_\w+) .*?\.\.\. skipped '(.*)'$", proc.stderr, re.M)
+    assert all(re.search(r"xpu|gpu|device", why, re.I) for _, why in skipped), skipped
 
 
 def test_broadcast_stress_passes_20_times_in_a_row(upstream_tests):
-    for i in range(STRESS_RUNS):
-        proc = _suite(upstream_tests, "ProcessGroupCCLTest.test_broadcast_stress", timeout=120)
-        assert proc.returncode == 0, f"run {i + 1} of {STRESS_RUNS}:\n{proc.stderr[-2000:]}"
+    # One unittest run of the same test 20 times: each spawns its ranks afresh and queues 1000 broadcasts.
+    proc = _suite(upstream_tests, *["ProcessGroupCCLTest.test_broadcast_stress"] * STRESS_RUNS, timeout=600)
+    tail = proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert re.search(rf"^Ran {STRESS_RUNS} tests", proc.stderr, re.M) and re.search(r"^OK$", proc.stderr, re.M), tail
