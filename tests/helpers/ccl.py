@@ -24,6 +24,6 @@ def patched_source(dest: Path) -> Path:
     """The bindings' source tree (with their tests) as build-ccl builds it: verified, then patched."""
     if not VENDORED.exists():
         pytest.skip(f"the bindings' own tests need their source: {VENDORED} is missing")
-    tree, _ = ccl_source.fetch_source(ccl_source.Source("tarball", str(VENDORED)), dest)
+    tree, _ = ccl_source.fetch_source(ccl_source.Source("tarball", str(VENDORED)), dest / "torch-ccl")
     subprocess.run(["patch", "-p1", "--forward", "--batch", "-s", "-i", str(PATCH)], cwd=tree, check=True)
     return tree
