@@ -36,7 +36,9 @@ from corecpu import envvars
 from corecpu.errors import CoreCPUError
 from corecpu.launching.ccl_source import COMMIT, DEFAULT_SOURCE, TREE_SHA256, Source, fetch_source, parse_source
 
-ONECCL = "2022.2.0"  # PyPI's newest; see README "oneCCL" for why not 2021.17
+# PyPI's newest. The bindings' C++ compiles against it unchanged, and its only wrinkle (libccl.so.2, copied
+# from the full wheel) is one file, so the older 2021.17 series was not built for comparison.
+ONECCL = "2022.2.0"
 PATCH = Path(__file__).with_name("patches") / f"torch-ccl-{COMMIT[:7]}.patch"
 DIST_NAME = "oneccl_bind_pt"  # what setup.py calls the wheel (CCL_PACKAGE_NAME), as Intel published it
 MIN_TORCH = (2, 8)
