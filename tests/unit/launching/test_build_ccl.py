@@ -120,3 +120,28 @@ def test_cli_rejects_a_bad_source_before_building(tmp_path):
                                                                        "CORECPU_CACHE_DIR": str(tmp_path / "c")})
     assert out.returncode != 0
     assert out.stderr.strip().count("\n") == 0 and "does not exist" in out.stderr
+
+
+def test_a_failed_install_is_rolled_back(tmp_path, monkeypatch):
+    """Nothing half-installed: if the bindings' wheel does not install, oneCCL and libccl.so.2 go again."""
+    env = tmp_path / "env"
+    (env / "lib").mkdir(parents=True)
+    genuine = tmp_path / "libccl.so.2"
+    genuine.write_bytes(b"intel")
+    calls: list[tuple[str, ...]] = []
+
+    def fake_pip(target, *args, log=None):
+        calls.append(args)
+        if args[-1].endswith(".whl"):
+            raise CoreCPUError("pip install failed: no space left on device")
+
+    monkeypatch.setattr(bc, "_pip", fake_pip)
+    monkeypatch.setattr(bc, "libccl2", lambda target, cache: genuine)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(bc.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    target = bc.Target(sys.executable, env, "2.13.0+cpu", "cp311")
+    with pytest.raises(CoreCPUError, match="no space left"):
+        bc.install(target, tmp_path / "oneccl_bind_pt-2.13.0-cp311.whl", tmp_path, bc.Report())
+    assert calls[0][-1] == f"oneccl-cpu=={bc.ONECCL}"  # it got as far as oneCCL ...
+    assert not (env / "lib" / "libccl.so.2").exists()  # ... and took it all back
+    assert "uninstall" in ran[-1] and ran[-1][-2:] == [bc.DIST_NAME, "oneccl-cpu"]
