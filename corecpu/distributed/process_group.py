@@ -40,7 +40,7 @@ import torch.distributed as dist
 from corecpu.distributed import BACKENDS
 from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
-from corecpu.cpu.hardware import Extension, ccl_status
+from corecpu.cpu.hardware import Extension, ccl_installed, ccl_status
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 
 log = logging.getLogger("corecpu")
@@ -335,6 +335,10 @@ def init_distributed(
     if startup_timeout_s <= 0:
         raise CoreCPUError(f"dist_timeout must be positive, got {startup_timeout_s:g} seconds")
     info = detect_launcher(env) if info is None else info
+    ccl_settings = ""
+    if info.distributed and backend in ("auto", "ccl") and allreduce != "gloo" and ccl_installed():
+        # Before choose_backend imports the bindings: oneCCL may read its variables as its library loads.
+        ccl_settings = apply_ccl_env(env, plan_env, info)
     chosen, reason = choose_backend(backend, allreduce)
     if not info.distributed:
         return ProcessGroup("none", "single process", "", 0)
@@ -343,7 +347,7 @@ def init_distributed(
     env.setdefault("MASTER_ADDR", addr)
     env.setdefault("MASTER_PORT", str(port))
     if chosen == "ccl":
-        reason = f"{reason}; {apply_ccl_env(env, plan_env, info)}"
+        reason = f"{reason}; {ccl_settings}"
         import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
     pg = ProcessGroup(chosen, reason, addr, port)
     ip = resolve_master(addr)
