@@ -3,20 +3,19 @@
 Pure. oneCCL progresses collectives in worker threads that poll; `CCL_WORKER_AFFINITY` lists one CPU per
 worker per local rank (rank 0's first). A rank with a core to spare gets a worker on it (plan.py reserves
 it); a rank without one runs its collectives in its own thread (`CCL_WORKER_OFFLOAD=0`), because a polling
-worker on the compute core starves the compute: measured on the 2-vCPU dev machine (2 ranks, torchrun), a
-1 MB all-reduce took 36 ms with oneCCL's defaults and 0.36-0.41 ms with CCL_WORKER_OFFLOAD=0.
-
-Transport: oneCCL's own OFI transport over libfabric's shm/tcp providers (from impi-rt), with its
-shared-memory path between ranks on one node; measurements in benchmarks/README.md ("oneCCL settings").
+worker on the compute core starves the compute: issue 15 reports, from the 2-vCPU dev machine (2 ranks,
+torchrun), a 1 MB all-reduce in 36 ms with oneCCL's defaults and 0.36-0.41 ms with CCL_WORKER_OFFLOAD=0,
+and 32 MB in 11-26 ms with CCL_ATL_SHM=1 as well (gloo: 26-59 ms). corecpu's own comparison of these
+settings is benchmarks/allreduce.py --ccl-settings all; its numbers are not in yet.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-# Chosen by benchmarks/allreduce.py (see benchmarks/README.md): ofi works under every launcher corecpu
-# supports (mpi needs ranks started by an MPI launcher), and CCL_ATL_SHM=1 moves intra-node messages
-# through shared memory instead of the tcp provider.
+# ofi works under every launcher corecpu supports (mpi needs ranks started by an MPI launcher; it did
+# all-reduce correctly under mpirun here), and CCL_ATL_SHM=1 moves intra-node messages through shared
+# memory instead of the tcp provider (issue 15's figures, above; to be re-measured).
 ATL_TRANSPORT = "ofi"
 ATL_SHM = "1"
 

@@ -43,7 +43,6 @@ WAIT_MODE_VAR = "I_MPI_WAIT_MODE"
 # at 0.1 ms (benchmarks/allreduce.py, AMD EPYC, idle). Gradient buckets are MBs, so ring it is,
 # unless the user chose an algorithm.
 ALGORITHM_VAR, RING = "I_MPI_ADJUST_ALLREDUCE", "8"
-CCL_EVIDENCE = "measured PENDING"
 
 
 def mpi4py_importable() -> tuple[bool, str]:
@@ -89,9 +88,9 @@ def choose_allreduce(
             raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); pip install mpi4py impi-rt, or use gloo")
         return "mpi", f"requested; started by {info.launcher}"
     if backend == "ccl":
-        # Measured (benchmarks/README.md, "All-reduce"): on the 2-vCPU dev machine oneCCL (plan settings)
-        # all-reduced 1-128 MB faster than Intel MPI through corecpu's comm thread.
-        return "ccl", f"DDP on the ccl process group: {CCL_EVIDENCE}"
+        # A ccl process group was chosen (asked for, or auto with the bindings built): DDP uses it. Not yet a
+        # measured choice against the MPI hook: benchmarks/allreduce.py times both, --allreduce mpi picks the hook.
+        return "ccl", "DDP on the ccl process group (--allreduce mpi for the Intel MPI hook instead)"
     if not launched_by_mpi:
         return "gloo", f"started by {info.launcher}, not MPI"
     if not ok:
