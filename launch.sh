@@ -7,6 +7,7 @@
 #   ./launch.sh 2 my_loop.py --my-args      # your own loop on corecpu.setup(), same binding
 #   ./launch.sh 8 -f hosts --ppn 4 --data train.tsv
 #   ./launch.sh 2 --dry-run                 # print the command, environment and plan; run nothing
+#   ./launch.sh --with-ccl [2 --backend ccl] # first build the oneCCL bindings (corecpu build-ccl; cached)
 #
 # First use creates .venv (unless a virtualenv is active) and installs corecpu with
 # torch pinned by constraints.txt. Each rank is bound to its own cores by
@@ -19,7 +20,9 @@ warn() { echo "launch.sh: warning: $*" >&2; }
 
 usage() {
   cat <<'EOF'
-usage: ./launch.sh N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [SCRIPT.py] [args...]
+usage: ./launch.sh [--with-ccl] N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [SCRIPT.py] [args...]
+  --with-ccl     first build and install the oneCCL bindings for --backend ccl (corecpu build-ccl; a cached
+                 build installs in seconds); alone, it only does that
   N              total number of ranks (processes)
   -f HOSTFILE    spread ranks over the hosts in HOSTFILE (one per line) with mpirun; rank 0's host first
   --ppn P        ranks per host with -f (default: N divided evenly over the hosts)
@@ -31,8 +34,12 @@ Everything else goes to train.py (see: python train.py --help).
 EOF
 }
 
+setup_only=0 extras="" with_ccl=0 ccl_only=0
+if [[ "${1:-}" == --with-ccl ]]; then
+  with_ccl=1; shift
+  [[ $# -ge 1 ]] || { ccl_only=1; set -- 1; }
+fi
 [[ $# -ge 1 ]] || { usage >&2; exit 2; }
-setup_only=0 extras=""
 case "$1" in
   -h|--help) usage; exit 0 ;;
   # used by test.sh: prepare the environment (with the extras named, e.g. test), print its python
@@ -91,6 +98,10 @@ if [[ ! -e "$cuda_noticed" ]] && (( ! dry_run )); then
 fi
 bindir="$(dirname "$py")"
 export PATH="$bindir:$PATH"
+if (( with_ccl && ! dry_run )); then
+  "$py" -m corecpu.cli build-ccl >&2 || exit $?  # it has said what went wrong, in one line
+  (( ccl_only )) && exit 0
+fi
 if (( setup_only )); then echo "$py"; exit 0; fi
 
 # ---------------------------------------------------------------- launch

@@ -1,16 +1,20 @@
 """fp32 all-reduce on one host: gloo vs Intel MPI (raw mpi4py, and corecpu's comm-thread path)
-vs a single-process memcpy of the same size (the memory-bandwidth bound).
+vs oneCCL (`ccl`, when `corecpu build-ccl` has installed the bindings) vs a single-process memcpy of the same
+size (the memory-bandwidth bound).
 
     .venv/bin/python benchmarks/allreduce.py                       # 1/32/128 MB, 2 ranks, 7 repeats
     .venv/bin/python benchmarks/allreduce.py --sizes-mb 1,4 --repeats 3
     I_MPI_ADJUST_ALLREDUCE=2 .venv/bin/python benchmarks/allreduce.py --out /tmp/x.json   # try an algorithm
     .venv/bin/python benchmarks/allreduce.py --report benchmarks/results/allreduce-n2.json  # re-print only
+    .venv/bin/python benchmarks/allreduce.py --ccl-settings all    # one run per oneCCL setting in CCL_SETTINGS
 
 It re-runs itself under `mpirun -n N` (Intel MPI). Each rank pins itself to one CPU and
 one thread. Per size, the methods run interleaved (order rotated every repeat); each
 sample is the mean time of a block of back-to-back operations on rank 0; medians over
 the repeats are reported. The memcpy runs on rank 0 alone while the others sleep in a
 gloo barrier. Results go to benchmarks/results/allreduce-n<N>.json and a markdown table.
+oneCCL reads its settings once per process, so each setting is its own run (gloo in every run is the
+reference); `ccl` is a second process group beside the gloo one, with the setting's CCL_* variables.
 """
 
 from __future__ import annotations
@@ -29,9 +33,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("gloo", "mpi_thread", "mpi_raw", "memcpy")
+METHODS = ("gloo", "mpi_thread", "mpi_raw", "ccl", "memcpy")
 LABELS = {"gloo": "gloo", "mpi_thread": "MPI, comm thread (corecpu)", "mpi_raw": "MPI, raw mpi4py",
-          "memcpy": "memcpy, 1 process"}
+          "ccl": "oneCCL", "memcpy": "memcpy, 1 process"}
+# oneCCL settings tried (name -> CCL_* variables; anything unset is oneCCL's default). "plan" is what
+# corecpu's plan sets where a rank has no core to spare for a worker (corecpu/cpu/ccl_plan.py).
+CCL_SETTINGS = {
+    "defaults": {},
+    "offload0": {"CCL_WORKER_OFFLOAD": "0", "CCL_ATL_TRANSPORT": "ofi"},
+    "plan": {"CCL_WORKER_OFFLOAD": "0", "CCL_ATL_TRANSPORT": "ofi", "CCL_ATL_SHM": "1"},
+    "mpi": {"CCL_WORKER_OFFLOAD": "0", "CCL_ATL_TRANSPORT": "mpi"},
+}
 MiB = 1 << 20
 
 
@@ -43,6 +55,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--target-s", type=float, default=0.25, help="approximate seconds per timed block")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/allreduce-nN.json)")
     p.add_argument("--report", type=Path, default=None, help="print the table of an existing JSON and stop")
+    p.add_argument("--ccl-settings", default="plan",
+                   help=f"comma list of oneCCL settings to run, one run each, or all ({', '.join(CCL_SETTINGS)})")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -75,6 +89,12 @@ def worker(args: argparse.Namespace) -> None:
 
     ctx = corecpu.setup(backend="gloo", allreduce="gloo", threads=1, dist_timeout=60)
     comm = MpiGradientAllreduce(ctx.launch)
+    try:
+        import oneccl_bindings_for_pytorch  # noqa: F401  (registers "ccl")
+        ccl_group = dist.new_group(backend="ccl")
+    except ImportError:
+        ccl_group = None
+    methods = tuple(m for m in METHODS if m != "ccl" or ccl_group is not None)
     from mpi4py import MPI
 
     raw = comm.comm
@@ -86,6 +106,8 @@ def worker(args: argparse.Namespace) -> None:
         t, a = buf[size], buf[size].numpy()
         if method == "gloo":
             return lambda: dist.all_reduce(t)
+        if method == "ccl":
+            return lambda: dist.all_reduce(t, group=ccl_group)
         if method == "mpi_raw":
             return lambda: raw.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
         if method == "mpi_thread":
@@ -112,26 +134,30 @@ def worker(args: argparse.Namespace) -> None:
     # Block lengths from a first timing on rank 0, shared so every rank runs the same count.
     counts: dict[tuple[str, float], int] = {}
     for size in sizes:
-        for method in METHODS:
+        for method in methods:
             block(method, size, 1)  # warm-up: first touch, MPI/gloo buffers
             one = block(method, size, 2)
             n = torch.tensor([max(2, min(100, int(args.target_s / max(one, 1e-6))))] if ctx.rank == 0 else [0])
             dist.broadcast(n, 0)
             counts[(method, size)] = int(n)
 
-    samples: dict[str, dict[str, list[float]]] = {str(s): {m: [] for m in METHODS} for s in sizes}
+    samples: dict[str, dict[str, list[float]]] = {str(s): {m: [] for m in methods} for s in sizes}
     for r in range(args.repeats):
         for size in sizes:
-            order = METHODS[r % len(METHODS):] + METHODS[: r % len(METHODS)]
+            order = methods[r % len(methods):] + methods[: r % len(methods)]
             for method in order:
                 samples[str(size)][method].append(block(method, size, counts[(method, size)]))
     comm.close()
+    if ccl_group is not None:
+        dist.destroy_process_group(ccl_group)
     if ctx.rank == 0:
         result = {
             "cpu": cpu_model(), "host": socket.gethostname(), "ranks": ctx.world_size,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "mpi": MPI.Get_library_version().splitlines()[0].strip(), "torch": torch.__version__,
             "i_mpi_env": {k: v for k, v in os.environ.items() if k.startswith("I_MPI_")},
+            "ccl_setting": os.environ.get("CORECPU_BENCH_CCL", ""),
+            "ccl_env": {k: v for k, v in os.environ.items() if k.startswith("CCL_")},
             "repeats": args.repeats, "ops_per_sample": {f"{m}@{s}": n for (m, s), n in counts.items()},
             "seconds": samples,
             "median_ms": {s: {m: 1e3 * statistics.median(v) for m, v in by.items()} for s, by in samples.items()},
@@ -144,14 +170,17 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{result['ranks']} ranks, fp32, {result['cpu']}, {result['mpi']}, torch {result['torch']}, "
+    methods = [m for m in METHODS if m in next(iter(result["median_ms"].values()))]
+    setting = f", oneCCL setting {result['ccl_setting']} {result.get('ccl_env', {})}" if "ccl" in methods else ""
+    lines = [f"{result['ranks']} ranks, fp32, {result['cpu']}, {result['mpi']}, torch {result['torch']}{setting}, "
              f"median of {result['repeats']} interleaved repeats ({result['date']})", "",
-             "| size | " + " | ".join(f"{LABELS[m]} ms" for m in METHODS) + " | comm thread vs gloo | raw vs gloo |",
-             "|---:|" + "---:|" * (len(METHODS) + 2)]
+             "| size | " + " | ".join(f"{LABELS[m]} ms" for m in methods) + " | comm thread vs gloo | raw vs gloo |"
+             + (" ccl vs gloo |" if "ccl" in methods else ""),
+             "|---:|" + "---:|" * (len(methods) + 2 + ("ccl" in methods))]
     for size, ms in result["median_ms"].items():
-        cells = " | ".join(f"{ms[m]:.3f}" for m in METHODS)
+        cells = " | ".join(f"{ms[m]:.3f}" for m in methods)
         lines.append(f"| {float(size):g} MB | {cells} | {ms['gloo'] / ms['mpi_thread']:.2f}x | "
-                     f"{ms['gloo'] / ms['mpi_raw']:.2f}x |")
+                     f"{ms['gloo'] / ms['mpi_raw']:.2f}x |" + (f" {ms['gloo'] / ms['ccl']:.2f}x |" if "ccl" in methods else ""))
     return "\n".join(lines)
 
 
@@ -163,18 +192,26 @@ def main() -> None:
     if args.report:
         print(table(json.loads(args.report.read_text())))
         return
-    out = args.out or ROOT / "benchmarks" / "results" / f"allreduce-n{args.ranks}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "I_MPI_PIN": "0",
-           "CORECPU_BENCH_OUT": str(out), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = ["mpirun", "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "--worker",
-           "--sizes-mb", args.sizes_mb, "--repeats", str(args.repeats), "--target-s", str(args.target_s)]
-    subprocess.run(cmd, env=env, check=True)
-    print(table(json.loads(out.read_text())))
-    print(f"\n(written to {out})")
+    names = list(CCL_SETTINGS) if args.ccl_settings == "all" else args.ccl_settings.split(",")
+    unknown = [n for n in names if n not in CCL_SETTINGS]
+    if unknown:
+        sys.exit(f"unknown --ccl-settings {unknown[0]!r}; choose from {', '.join(CCL_SETTINGS)} or all")
+    for name in names:
+        suffix = "" if name == "plan" else f"-ccl-{name}"
+        out = args.out or ROOT / "benchmarks" / "results" / f"allreduce-n{args.ranks}{suffix}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        base = {k: v for k, v in os.environ.items() if not k.startswith("CCL_")}
+        env = {**base, **CCL_SETTINGS[name], "CORECPU_BENCH_CCL": name,
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "I_MPI_PIN": "0", "CORECPU_BENCH_OUT": str(out),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        cmd = ["mpirun", "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "--worker",
+               "--sizes-mb", args.sizes_mb, "--repeats", str(args.repeats), "--target-s", str(args.target_s)]
+        subprocess.run(cmd, env=env, check=True)
+        print(table(json.loads(out.read_text())))
+        print(f"\n(written to {out})\n")
 
 
 if __name__ == "__main__":

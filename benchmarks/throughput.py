@@ -4,6 +4,8 @@
     python benchmarks/throughput.py --data mine.tsv --text-column 0 --label-column 1
     python benchmarks/throughput.py --model tiny --data builtin --max-steps 20 --repeats 1   # smoke test
     python benchmarks/throughput.py --corecpu-args 'nogroup=--no-group-by-length'           # + corecpu:nogroup
+    python benchmarks/throughput.py --variants corecpu --corecpu-args 'ccl=--backend ccl' \
+        --corecpu-args 'gloo=--backend gloo'    # oneCCL (after corecpu build-ccl) beside gloo + the MPI hook
     python benchmarks/throughput.py --report benchmarks/results/X.json --markdown          # re-print only
 
 Variants (same model and init, data, global batch, lr, schedule, clipping, max length,

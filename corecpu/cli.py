@@ -13,12 +13,14 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
+from corecpu import envvars
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.data.builtin import write_task
 from corecpu.errors import CoreCPUError, run_cli
+from corecpu.launching.build_ccl import build_ccl
 from corecpu.launching.launch import main as launch_main
 from corecpu.reporting.run_report import load_run, render, summarize
 
@@ -178,10 +180,36 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- build-ccl
+
+
+def _add_build_ccl(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "build-ccl",
+        help="build and install the oneCCL bindings (--backend ccl) for this environment's torch",
+        description="Build oneccl_bindings_for_pytorch from its last upstream source (verified against a pinned "
+        "SHA-256, with corecpu's patch) against the torch installed here and PyPI's oneCCL, cache the wheel under "
+        "the corecpu cache, and install it with oneCCL's runtime. A cached wheel installs in seconds.",
+    )
+    p.add_argument("--source", metavar="SRC",
+                   help=f"a source directory, tarball or git URL@COMMIT (default: ${envvars.CCL_SOURCE}, else upstream)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="parallel compile jobs (default: $MAX_JOBS, else 1: each takes about 1.5 GB of memory)")
+    p.add_argument("--rebuild", action="store_true", help="build even if a cached wheel matches")
+    p.set_defaults(func=cmd_build_ccl)
+
+
+def cmd_build_ccl(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise CoreCPUError(f"--jobs must be at least 1, got {args.jobs}")
+    build_ccl(args.source, args.jobs, args.rebuild)
+    return 0
+
+
 # ---------------------------------------------------------------- wiring
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_plan, _add_make_data, _add_report, _add_launch)
+    _add_plan, _add_make_data, _add_report, _add_build_ccl, _add_launch)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,11 +28,14 @@ LAUNCHER_PID = "CORECPU_LAUNCHER_PID"  # `corecpu launch`'s PID: ranks on its ho
 CACHE_DIR = "CORECPU_CACHE_DIR"
 # Set by the user, read by launch.sh: a package index holding the CPU build of torch.
 TORCH_INDEX = "CORECPU_TORCH_INDEX"
+# Set by the user (CI: the vendored tarball), read by `corecpu build-ccl`: the oneCCL bindings' source, a
+# directory, a tarball or a git URL@COMMIT (default: upstream), verified against the pinned SHA-256.
+CCL_SOURCE = "CORECPU_CCL_SOURCE"
 
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR, TORCH_INDEX,
+ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 

@@ -3,7 +3,8 @@
 Tiers are folders, and a test's folder gives its marker (pytest_collection_modifyitems below; the
 markers are registered in pyproject.toml): tests/unit/ -> unit, tests/multiprocess/ -> multiprocess,
 tests/e2e/ -> e2e, tests/chaos/ -> chaos and e2e (real jobs end to end, so `-m "not e2e"` leaves
-unit and multiprocess, as test.sh says), tests/ipex/ -> e2e (train.py runs, from the IPEX env only).
+unit and multiprocess, as test.sh says), tests/ipex/ -> e2e (train.py runs, from the IPEX env only),
+tests/ccl/ -> ccl and e2e (runs on the oneCCL backend; skipped where `corecpu build-ccl` has not run).
 A test outside those folders, or a tier marker written by hand, stops the run with a usage error.
 
 Imports: pytest imports test files with --import-mode=importlib, and pyproject.toml's `pythonpath`
@@ -30,14 +31,15 @@ from helpers.leaks import corecpu_threads, lingering_threads  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = {"unit": ("unit",), "multiprocess": ("multiprocess",), "e2e": ("e2e",), "chaos": ("chaos", "e2e"),
-                "ipex": ("e2e",)}
-MARKERS = {"unit", "multiprocess", "e2e", "chaos"}
+                "ipex": ("e2e",), "ccl": ("ccl", "e2e")}
+MARKERS = {"unit", "multiprocess", "e2e", "chaos", "ccl"}
 
-# Set once by libraries at import (transformers, tokenizers, corecpu.training.modeling's offline switch); not a test's doing.
+# Set once by libraries at import (transformers, tokenizers, corecpu.training.modeling's offline switch, the oneCCL
+# bindings' FI_PROVIDER_PATH); not a test's doing.
 IMPORT_TIME_VARIABLES = {"HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "TOKENIZERS_PARALLELISM",
                          "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTORCH_NVML_BASED_CUDA_CHECK",
                          "CUDA_MODULE_LOADING", "TF_CPP_MIN_LOG_LEVEL", "HF_DATASETS_OFFLINE",
-                         "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
+                         "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "FI_PROVIDER_PATH"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers

@@ -44,6 +44,8 @@ def rank_environment(plan: Plan, rank: RankPlan, environ: Mapping[str, str]) -> 
     """`environ` plus what the plan sets for this rank (threads, affinity variables, allocator, notes)."""
     env = dict(environ)
     for key, value in plan.env.items():
+        if key.startswith("CCL_") and key in environ:
+            continue  # oneCCL settings the user exported (e.g. to try another transport) win over the plan's
         if key == "LD_PRELOAD":
             # Keep whatever the user preloads; ours first so the allocator wins.
             existing = [p for p in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]

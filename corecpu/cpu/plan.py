@@ -15,6 +15,7 @@ from typing import Literal, Mapping
 
 from corecpu.errors import CoreCPUError
 from corecpu import envvars
+from corecpu.cpu.ccl_plan import ccl_environment
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
 from corecpu.cpu.topology import Topology
 
@@ -25,7 +26,7 @@ KMP_AFFINITY = "granularity=fine,compact,1,0"
 class PlanRequest:
     nproc: int | Literal["auto"] = "auto"  # ranks on this node; auto = one per NUMA node with allowed CPUs
     backend: str = "gloo"
-    ccl_workers: int | None = None  # None: 1 for the ccl backend, else 0
+    ccl_workers: int | None = None  # None: 1 for the ccl backend where every rank can spare a core, else 0
     use_logical_cores: bool = False
     numa_nodes: tuple[int, ...] | None = None  # restrict to these nodes
     allow_oversubscribe: bool = False  # more ranks than CPUs: 1 thread each, CPUs shared
@@ -170,6 +171,11 @@ def make_plan(topology: Topology, request: PlanRequest) -> Plan:
 
     groups = _assign(units_by_node, nproc, notes)
     smallest = min(len(g) for g in groups)
+    if workers and workers >= smallest and request.ccl_workers is None:
+        # The default gives way: with no core to spare, oneCCL runs collectives in the rank's thread.
+        workers = 0
+        notes.append(f"no core to spare for a CCL worker ({smallest} per rank): CCL_WORKER_OFFLOAD=0 runs "
+                     "collectives in each rank's own thread")
     if workers and workers >= smallest:
         fewer = max(1, n_units // (workers + 1))
         raise CoreCPUError(
@@ -182,8 +188,6 @@ def make_plan(topology: Topology, request: PlanRequest) -> Plan:
     busy = sum(r.omp_num_threads + len(r.ccl_worker_cpus) for r in ranks)
     env = _environment(topology, request, ranks, workers, throttled=budget is not None and busy > budget)
     _explain_idle(topology, request, ranks, allowed, nodes, trimmed, worker_siblings, notes)
-    if workers == 0 and request.backend == "ccl":
-        notes.append("ccl backend with --ccl-workers 0: oneCCL still starts one worker thread wherever it likes")
     counts = [r.omp_num_threads for r in ranks]
     if len(set(counts)) > 1:
         notes.append(
@@ -326,7 +330,9 @@ def _environment(topology: Topology, request: PlanRequest, ranks: list[RankPlan]
         # Ranks that share CPUs (or a quota): MPI's busy-polling waits steal the CPU from the rank
         # being waited for (measured 3-4x slower than gloo); Intel MPI reads this at MPI_Init.
         env["I_MPI_WAIT_MODE"] = "1"
-    if workers:
+    if request.backend == "ccl":
+        env.update(ccl_environment([r.cpus for r in ranks], [r.ccl_worker_cpus for r in ranks]))
+    elif workers:
         env["CCL_WORKER_COUNT"] = str(workers)
         env["CCL_WORKER_AFFINITY"] = ",".join(str(c) for r in ranks for c in r.ccl_worker_cpus)
     libs = topology.libraries
@@ -370,7 +376,8 @@ def _oversubscribed(topology: Topology, request: PlanRequest, nproc: int, units_
     # Primary threads first, then siblings, so ranks fill distinct cores before sharing one.
     order = [u.cpus[0] for us in units_by_node.values() for u in us]
     order += [c for us in units_by_node.values() for u in us for c in u.cpus[1:]]
-    workers = request.ccl_worker_count
+    # Workers would share the rank's CPU: by default run collectives in the rank's thread instead.
+    workers = request.ccl_workers or 0
     single_node = len([n for n, cpus in topology.nodes if cpus]) == 1
     ranks = []
     for i in range(nproc):

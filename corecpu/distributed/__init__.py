@@ -6,4 +6,4 @@ May import: corecpu.errors, corecpu.envvars, corecpu.cluster, corecpu.cpu; torch
 
 # The choices this subpackage offers, defined once: setup(), the CLI and the planners read them here.
 BACKENDS = ("auto", "gloo", "ccl", "mpi")  # the process group
-ALLREDUCE_CHOICES = ("auto", "gloo", "mpi")  # DDP's gradient buckets
+ALLREDUCE_CHOICES = ("auto", "gloo", "mpi", "ccl")  # DDP's gradient buckets (gloo, ccl: DDP's own, on that backend)

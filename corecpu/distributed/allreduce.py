@@ -59,18 +59,23 @@ def choose_allreduce(
     info: LaunchInfo,
     env: Mapping[str, str],
     mpi_available: Callable[[], tuple[bool, str]] = mpi4py_importable,
+    backend: str = "gloo",
 ) -> tuple[str, str]:
-    """("none" | "gloo" | "mpi", why). Pure apart from `mpi_available`.
+    """("none" | "gloo" | "ccl" | "mpi", why). Pure apart from `mpi_available`.
 
     MPI is only usable when an MPI launcher started the ranks: under torchrun or srun
-    every process would initialise MPI as a singleton of world size 1.
+    every process would initialise MPI as a singleton of world size 1. gloo and ccl are
+    DDP's own all-reduce on the process group (`backend`), so each needs that backend.
     """
     if requested not in ALLREDUCE_CHOICES:
         raise CoreCPUError(f"all-reduce {requested!r} is not one of: {', '.join(ALLREDUCE_CHOICES)}")
     if not info.distributed:
         return "none", "single process"
-    if requested == "gloo":
-        return "gloo", "requested"
+    if requested in ("gloo", "ccl"):
+        if backend != requested:
+            raise CoreCPUError(f"--allreduce {requested} runs DDP's all-reduce on the process group, which is "
+                               f"{backend}; use --backend {requested} or --allreduce {backend}")
+        return requested, "requested"
     launched_by_mpi = info.mpi_world
     ok, why = mpi_available() if launched_by_mpi else (False, "")
     if requested == "mpi":
@@ -82,6 +87,10 @@ def choose_allreduce(
         if not ok:
             raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); pip install mpi4py impi-rt, or use gloo")
         return "mpi", f"requested; started by {info.launcher}"
+    if backend == "ccl":
+        # A ccl process group was chosen (asked for, or auto with the bindings built): DDP uses it. Not yet a
+        # measured choice against the MPI hook: benchmarks/allreduce.py times both, --allreduce mpi picks the hook.
+        return "ccl", "DDP on the ccl process group (--allreduce mpi for the Intel MPI hook instead)"
     if not launched_by_mpi:
         return "gloo", f"started by {info.launcher}, not MPI"
     if not ok:

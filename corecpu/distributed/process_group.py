@@ -38,8 +38,9 @@ import torch
 import torch.distributed as dist
 
 from corecpu.distributed import BACKENDS
+from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
-from corecpu.cpu.hardware import ccl_status
+from corecpu.cpu.hardware import Extension, ccl_installed, ccl_status
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 
 log = logging.getLogger("corecpu")
@@ -62,8 +63,12 @@ class ProcessGroup:
     store: Any = field(default=None, compare=False, repr=False)
 
 
-def choose_backend(requested: str) -> tuple[str, str]:
-    """The backend to use and why. Asking for one that cannot work is an error, never a silent fallback."""
+def choose_backend(requested: str, allreduce: str = "auto",
+                   status: Callable[[], Extension] = ccl_status) -> tuple[str, str]:
+    """The backend to use and why. Asking for one that cannot work is an error, never a silent fallback.
+
+    `allreduce` is the gradient path asked for: `--allreduce gloo` needs a gloo process group (so auto
+    picks gloo for it), `--allreduce ccl` a ccl one. `status()` says whether the oneCCL bindings work."""
     if requested not in BACKENDS:
         raise CoreCPUError(f"unknown backend {requested!r}; use one of: {', '.join(BACKENDS)}")
     if requested == "gloo":
@@ -74,15 +79,20 @@ def choose_backend(requested: str) -> tuple[str, str]:
                 "--backend mpi needs a PyTorch built with MPI, and this one is not; use --backend gloo or auto"
             )
         return "mpi", "requested"
-    ccl = ccl_status()
+    if requested == "auto" and allreduce == "gloo":
+        return "gloo", "--allreduce gloo all-reduces gradients on a gloo process group"
+    ccl = status()
     if requested == "ccl":
         if not ccl.usable:
             raise CoreCPUError(
-                f"--backend ccl needs oneccl_bindings_for_pytorch matching torch ({ccl.reason}); use --backend gloo or auto"
+                f"--backend ccl needs oneccl_bindings_for_pytorch matching torch ({ccl.reason}); run `corecpu build-ccl` "
+                "(or ./launch.sh --with-ccl), or use --backend gloo or auto"
             )
         return "ccl", ccl.reason
     if ccl.usable:
         return "ccl", ccl.reason
+    if allreduce == "ccl":
+        raise CoreCPUError(f"--allreduce ccl needs the ccl backend, and {ccl.reason}; run `corecpu build-ccl`")
     return "gloo", f"{ccl.reason}; gloo is PyTorch's built-in CPU backend"
 
 
@@ -313,26 +323,34 @@ def init_distributed(
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     env: MutableMapping[str, str] | None = None,
     info: LaunchInfo | None = None,
+    plan_env: Callable[[], Mapping[str, str]] = dict,
+    allreduce: str = "auto",
 ) -> ProcessGroup:
     """For more than one rank, create the process group. `info` is the launcher detected once by the
-    caller (corecpu.setup); without it the environment is read here.
+    caller (corecpu.setup); without it the environment is read here. `plan_env()` is this node's plan's
+    environment where corecpu.bind did not already apply it (oneCCL's worker and transport settings).
 
     Gives up within `startup_timeout_s` (+ a few seconds) whatever the peers do, with one line."""
     env = os.environ if env is None else env
     if startup_timeout_s <= 0:
         raise CoreCPUError(f"dist_timeout must be positive, got {startup_timeout_s:g} seconds")
     info = detect_launcher(env) if info is None else info
-    chosen, reason = choose_backend(backend)
+    ccl_settings = ""
+    if info.distributed and backend in ("auto", "ccl") and allreduce != "gloo" and ccl_installed():
+        # Before choose_backend imports the bindings: oneCCL may read its variables as its library loads.
+        ccl_settings = apply_ccl_env(env, plan_env, info)
+    chosen, reason = choose_backend(backend, allreduce)
     if not info.distributed:
         return ProcessGroup("none", "single process", "", 0)
     addr, port = master_address(env, info)
     # Export what was derived, so anything else reading the env:// protocol agrees.
     env.setdefault("MASTER_ADDR", addr)
     env.setdefault("MASTER_PORT", str(port))
+    if chosen == "ccl":
+        reason = f"{reason}; {ccl_settings}"
+        import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
     pg = ProcessGroup(chosen, reason, addr, port)
     ip = resolve_master(addr)
-    if chosen == "ccl":
-        import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
     if chosen == "gloo":
         _pin_gloo_interface(env, addr)
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # as torch's own env:// rendezvous reads it

@@ -329,6 +329,8 @@ def _set_gloo_timeout(seconds: float) -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
+    if dist.get_backend() != "gloo":
+        return  # torch can change only gloo's (and nccl's); on ccl the watchdog alone names a hung rank
     try:
         from torch.distributed.distributed_c10d import _set_pg_timeout
     except ImportError:  # private API (torch 2.2+); the watchdog works without it

@@ -28,8 +28,9 @@ class RunOptions:
                          "for this model (timed once per CPU, cached in ~/.cache/corecpu), else fp32",
                          choices=PRECISIONS)
     backend: str = opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo", choices=BACKENDS)
-    allreduce: str = opt("auto", "gradient all-reduce: auto (Intel MPI's shared-memory collectives via mpi4py when "
-                         "the ranks were started by MPI, else gloo), gloo, mpi", choices=ALLREDUCE_CHOICES)
+    allreduce: str = opt("auto", "gradient all-reduce: auto (ccl on the ccl backend; else Intel MPI's shared-memory "
+                         "collectives via mpi4py when the ranks were started by MPI, else gloo), gloo, mpi, ccl",
+                         choices=ALLREDUCE_CHOICES)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",

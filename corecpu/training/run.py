@@ -87,7 +87,7 @@ class Run:
     threads: int
     threads_reason: str
     cpus: tuple[int, ...]
-    allreduce: str  # "none", "gloo" or "mpi"
+    allreduce: str  # "none", "gloo", "ccl" (DDP's own, on that process group) or "mpi"
     allreduce_reason: str
     ipex: Extension | None  # None: not asked for (ipex="off")
     master: str  # "host:port" of the rendezvous, "" for one process
@@ -430,9 +430,10 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
     if graceful_stop:
         preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
-    pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info)
+    pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info, plan_env=lambda: node.env,
+                              allreduce=opts.allreduce)
     try:
-        path, path_reason = choose_allreduce(opts.allreduce, info, env)
+        path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend)
         bindings = tuple(_pg.gather_objects(_threads.binding_report()))
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),

@@ -312,9 +312,33 @@ def test_ccl_workers_must_leave_a_compute_core(topos):
     expect_error(topos["two_socket"], PlanRequest(nproc=4, ccl_workers=2),
                  "--ccl-workers 2 leaves no compute core: the smallest rank gets 2 core(s) (8 cores for 4 ranks); "
                  "use --ccl-workers 1 or --nproc 2")
-    expect_error(topos["single_core"], PlanRequest(backend="ccl"),
+    expect_error(topos["single_core"], PlanRequest(backend="ccl", ccl_workers=1),
                  "--ccl-workers 1 leaves no compute core: the smallest rank gets 1 core(s) (1 cores for 1 ranks); "
                  "use --ccl-workers 0 or --nproc 1")
+
+
+def test_ccl_default_worker_gives_way_where_no_core_can_be_spared(topos):
+    # One core per rank: the default reservation would leave no compute core, so collectives run in the
+    # rank's own thread, and oneCCL's idle worker stays on the rank's CPU.
+    plan = make_plan(topos["single_core"], PlanRequest(backend="ccl"))
+    assert plan.ranks[0].ccl_worker_cpus == () and plan.ranks[0].omp_num_threads == 1
+    assert plan.env["CCL_WORKER_OFFLOAD"] == "0" and plan.env["CCL_WORKER_COUNT"] == "1"
+    assert plan.env["CCL_WORKER_AFFINITY"] == str(plan.ranks[0].cpus[0])
+    assert any("CCL_WORKER_OFFLOAD=0" in n for n in plan.notes)
+
+
+def test_ccl_with_a_core_to_spare_reserves_a_worker_and_keeps_offload(topos):
+    plan = make_plan(topos["two_socket"], PlanRequest(nproc=2, backend="ccl"))
+    assert "CCL_WORKER_OFFLOAD" not in plan.env
+    assert plan.env["CCL_WORKER_AFFINITY"] == ",".join(str(c) for r in plan.ranks for c in r.ccl_worker_cpus)
+    assert plan.env["CCL_ATL_TRANSPORT"] == "ofi" and plan.env["CCL_ATL_SHM"] == "1"
+    assert "CCL_ATL_TRANSPORT" not in make_plan(topos["two_socket"], PlanRequest(nproc=2)).env  # gloo: no oneCCL
+
+
+def test_oversubscribed_ccl_ranks_run_collectives_in_their_own_thread(topos):
+    plan = make_plan(topos["single_core"], PlanRequest(nproc=2, backend="ccl", allow_oversubscribe=True))
+    assert plan.oversubscribed and plan.env["CCL_WORKER_OFFLOAD"] == "0"
+    assert all(r.ccl_worker_cpus == () for r in plan.ranks)
 
 
 def test_bad_request_values(topos):

@@ -79,8 +79,25 @@ def test_mpi_requested_and_possible():
     assert choose_allreduce("mpi", info_for("openmpi"), {}, HAVE) == ("mpi", "requested; started by openmpi")
 
 
+def test_on_a_ccl_process_group_auto_is_ddp_on_ccl_under_any_launcher():
+    for launcher in ("intel-mpi", "torchrun", "slurm"):
+        name, why = choose_allreduce("auto", info_for(launcher), {}, HAVE, backend="ccl")
+        assert name == "ccl" and why.startswith("DDP on the ccl process group")
+
+
+def test_ddp_paths_need_their_process_group():
+    assert choose_allreduce("ccl", info_for("torchrun"), {}, HAVE, backend="ccl") == ("ccl", "requested")
+    with pytest.raises(CoreCPUError, match="^--allreduce gloo runs DDP's all-reduce on the process group, which is "
+                                           "ccl; use --backend gloo or --allreduce ccl"):
+        choose_allreduce("gloo", info_for("intel-mpi"), {}, HAVE, backend="ccl")
+    with pytest.raises(CoreCPUError, match="^--allreduce ccl .* which is gloo"):
+        choose_allreduce("ccl", info_for("intel-mpi"), {}, HAVE, backend="gloo")
+    # The MPI hook does not use the process group: it works beside ccl too.
+    assert choose_allreduce("mpi", info_for("intel-mpi"), {}, HAVE, backend="ccl")[0] == "mpi"
+
+
 def test_unknown_choice_is_an_error():
-    with pytest.raises(CoreCPUError, match="'nccl' is not one of: auto, gloo, mpi"):
+    with pytest.raises(CoreCPUError, match="'nccl' is not one of: auto, gloo, mpi, ccl"):
         choose_allreduce("nccl", info_for("intel-mpi"), {}, HAVE)
 
 

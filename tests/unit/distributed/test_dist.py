@@ -8,6 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
+from corecpu.cpu.hardware import Extension
 from corecpu.distributed.process_group import (choose_backend, init_distributed, master_address, resolve_master,
                                               route_interface, store_bind_address, teardown)
 from corecpu.errors import CoreCPUError
@@ -15,14 +16,27 @@ from corecpu.cluster.launchers import detect_launcher
 from helpers.common import ROOT, free_port
 
 
+MISSING_CCL = lambda: Extension("oneccl_bindings_for_pytorch", False, "oneccl_bindings_for_pytorch is not installed")  # noqa: E731
+WORKING_CCL = lambda: Extension("oneccl_bindings_for_pytorch", True, "oneccl_bindings_for_pytorch 2.13.0+x matches torch 2.13.0")  # noqa: E731
+
+
 def test_auto_backend_is_gloo_without_torch_ccl():
-    backend, reason = choose_backend("auto")
-    assert backend == "gloo" and "oneccl_bindings_for_pytorch" in reason
+    backend, reason = choose_backend("auto", status=MISSING_CCL)
+    assert backend == "gloo" and "oneccl_bindings_for_pytorch is not installed" in reason
+
+
+def test_auto_backend_is_ccl_with_working_bindings_and_says_why():
+    assert choose_backend("auto", status=WORKING_CCL) == ("ccl", "oneccl_bindings_for_pytorch 2.13.0+x matches torch 2.13.0")
+    # --allreduce gloo needs gloo's process group: auto gives it that, whatever is installed.
+    backend, reason = choose_backend("auto", "gloo", status=WORKING_CCL)
+    assert backend == "gloo" and "--allreduce gloo" in reason
 
 
 def test_ccl_without_bindings_is_an_error_not_a_fallback():
-    with pytest.raises(CoreCPUError, match="--backend ccl needs oneccl_bindings_for_pytorch"):
-        choose_backend("ccl")
+    with pytest.raises(CoreCPUError, match="--backend ccl needs oneccl_bindings_for_pytorch.*corecpu build-ccl"):
+        choose_backend("ccl", status=MISSING_CCL)
+    with pytest.raises(CoreCPUError, match="--allreduce ccl needs the ccl backend"):
+        choose_backend("auto", "ccl", status=MISSING_CCL)
 
 
 def test_mpi_backend_needs_mpi_build():

@@ -35,6 +35,8 @@ def ompi(local_rank: int, local_size: int, **extra: str) -> dict[str, str]:
         "OMPI_COMM_WORLD_SIZE": str(local_size),
         "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
         "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
+        # As launch.sh says it for train.py: otherwise "auto" would plan for ccl wherever the bindings are built.
+        "CORECPU_BACKEND": "gloo",
     }
     env.update(extra)
     return env
@@ -56,6 +58,13 @@ def test_plan_options_pass_through(two_socket):
     assert pinned == (4, 5, 6)
     assert env["OMP_NUM_THREADS"] == "3"
     assert env["CCL_WORKER_AFFINITY"] == "3,7" and env["CCL_WORKER_COUNT"] == "1"
+
+
+def test_users_oneccl_exports_win_over_the_plan(two_socket):
+    _, env, _, _ = prepare(["--sysfs", str(two_socket), "--backend", "ccl", *CMD],
+                           {**ompi(1, 2), "CCL_ATL_TRANSPORT": "mpi", "CCL_WORKER_AFFINITY": "2,6"})
+    assert env["CCL_ATL_TRANSPORT"] == "mpi" and env["CCL_WORKER_AFFINITY"] == "2,6"
+    assert env["CCL_ATL_SHM"] == "1" and env["CCL_WORKER_COUNT"] == "1"  # the rest of the plan stays
 
 
 def test_nproc_must_match_launcher(two_socket):

@@ -1,0 +1,37 @@
+"""The oneCCL part of a node's plan: where its worker threads run, or that none runs, and its transport.
+
+Pure. oneCCL progresses collectives in worker threads that poll; `CCL_WORKER_AFFINITY` lists one CPU per
+worker per local rank (rank 0's first). A rank with a core to spare gets a worker on it (plan.py reserves
+it); a rank without one runs its collectives in its own thread (`CCL_WORKER_OFFLOAD=0`), because a polling
+worker on the compute core starves the compute: issue 15 reports, from the 2-vCPU dev machine (2 ranks,
+torchrun), a 1 MB all-reduce in 36 ms with oneCCL's defaults and 0.36-0.41 ms with CCL_WORKER_OFFLOAD=0,
+and 32 MB in 11-26 ms with CCL_ATL_SHM=1 as well (gloo: 26-59 ms). corecpu's own comparison of these
+settings is benchmarks/allreduce.py --ccl-settings all; its numbers are not in yet.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+# ofi works under every launcher corecpu supports (mpi needs ranks started by an MPI launcher; it did
+# all-reduce correctly under mpirun here), and CCL_ATL_SHM=1 moves intra-node messages through shared
+# memory instead of the tcp provider (issue 15's figures, above; to be re-measured).
+ATL_TRANSPORT = "ofi"
+ATL_SHM = "1"
+
+
+def ccl_environment(compute_cpus: Sequence[Sequence[int]], worker_cpus: Sequence[Sequence[int]]) -> dict[str, str]:
+    """Pure: oneCCL's variables for the local ranks, given each rank's compute CPUs and reserved worker CPUs
+    (all ranks reserve the same number, possibly none)."""
+    env = {"CCL_ATL_TRANSPORT": ATL_TRANSPORT, "CCL_ATL_SHM": ATL_SHM}
+    workers = len(worker_cpus[0]) if worker_cpus else 0
+    if workers:
+        env["CCL_WORKER_COUNT"] = str(workers)
+        env["CCL_WORKER_AFFINITY"] = ",".join(str(c) for cpus in worker_cpus for c in cpus)
+    else:
+        # No core to spare: run collectives in the rank's thread. oneCCL still starts one (idle) worker;
+        # keep it on the rank's own first CPU rather than wherever the scheduler puts it.
+        env["CCL_WORKER_OFFLOAD"] = "0"
+        env["CCL_WORKER_COUNT"] = "1"
+        env["CCL_WORKER_AFFINITY"] = ",".join(str(cpus[0]) for cpus in compute_cpus)
+    return env

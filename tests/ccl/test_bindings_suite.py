@@ -1,0 +1,72 @@
+"""The bindings' own CPU tests (tests/test_c10d_ccl.py of the source build-ccl builds, with corecpu's patch:
+the coalesced test's missing .wait()), run as upstream runs them: `python tests/test_c10d_ccl.py`, nothing
+exported by hand. XPU tests skip themselves on a machine without XPUs.
+
+test_broadcast_stress queues 1000 async broadcasts. Unpatched, the bindings' completion thread waited on
+each oneCCL event while holding their global lock, which the main thread needs to submit the next one;
+corecpu's patch tests instead of waiting under the lock. It must pass 20 times in a row.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.ccl import needs_ccl, patched_source
+
+pytestmark = needs_ccl
+STRESS_RUNS = 20
+
+
+@pytest.fixture(scope="module")
+def upstream_tests(tmp_path_factory) -> Path:
+    return patched_source(tmp_path_factory.mktemp("torch-ccl")) / "tests"
+
+
+def _suite(tests: Path, *names: str, timeout: float) -> subprocess.CompletedProcess:
+    # A clean environment as a user's shell has it: no CCL_*, FI_* or corecpu variables.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCL_", "FI_", "CORECPU_", "PYTEST_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    try:
+        return subprocess.run([sys.executable, "test_c10d_ccl.py", *names], cwd=tests, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{' '.join(names) or 'the suite'} hung for {timeout:g}s:\n"
+                             f"{(exc.stderr or b'')[-2000:]!r}") from None
+
+
+def cpu_tests(source: Path) -> list[str]:
+    """Every test method of the file's test classes but the XPU ones (each of those would spawn its two ranks
+    only to skip: 35 of them, 2.5 minutes here)."""
+    tree = ast.parse(source.read_text())
+    return list(dict.fromkeys(  # a name defined twice in a class is one test
+        f"{cls.name}.{fn.name}" for cls in tree.body if isinstance(cls, ast.ClassDef)
+        for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test")
+        and "xpu" not in fn.name.lower()))
+
+
+def test_the_bindings_cpu_suite_passes(upstream_tests):
+    names = cpu_tests(upstream_tests / "test_c10d_ccl.py")
+    assert len(names) >= 15 and "ProcessGroupCCLTest.test_allreduce_coalesced_basics" in names, names
+    proc = _suite(upstream_tests, "-v", *names, timeout=600)
+    tail = proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert re.search(rf"^Ran {len(names)} tests", proc.stderr, re.M), tail
+    assert re.search(r"^OK( \(skipped=\d+\))?$", proc.stderr, re.M), tail
+    # A CPU test may only skip for want of an XPU (some need several devices without saying xpu in their name).
+    skipped = re.findall(r"^(test_\w+) .*?\.\.\. skipped '(.*)'$", proc.stderr, re.M)
+    assert all(re.search(r"xpu|gpu|device", why, re.I) for _, why in skipped), skipped
+
+
+def test_broadcast_stress_passes_20_times_in_a_row(upstream_tests):
+    # One unittest run of the same test 20 times: each spawns its ranks afresh and queues 1000 broadcasts.
+    proc = _suite(upstream_tests, *["ProcessGroupCCLTest.test_broadcast_stress"] * STRESS_RUNS, timeout=600)
+    tail = proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    assert re.search(rf"^Ran {STRESS_RUNS} tests", proc.stderr, re.M) and re.search(r"^OK$", proc.stderr, re.M), tail
