@@ -49,5 +49,6 @@ RUN printf 'Port 2222\nPidFile /home/corecpu/sshd.pid\nHostKey /home/corecpu/.ss
  && printf 'Host *\n  Port 2222\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n' >> /etc/ssh/ssh_config \
  && chown -R corecpu /home/corecpu /opt/corecpu
 
-USER corecpu
+# Numeric, so that Kubernetes' runAsNonRoot can check it (the manifests set runAsUser: 1000).
+USER 1000:1000
 CMD ["./launch.sh", "2", "--model", "tiny", "--max-steps", "20"]
