@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from corecpu import envvars
+from corecpu.cpu.cgroups import REAL_CGROUP
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
@@ -21,6 +22,7 @@ from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.data.builtin import write_task
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.build_ccl import build_ccl
+from corecpu.launching.environment import collect, render_text
 from corecpu.launching.launch import main as launch_main
 from corecpu.reporting.run_report import load_run, render, summarize
 
@@ -107,6 +109,33 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
         console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
     for n in plan.notes:
         console.print(f"note: {n}", highlight=False)
+
+
+# ---------------------------------------------------------------- env
+
+
+def _add_env(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "env",
+        help="print versions, CPU, launcher, cgroup limits and the plan, for a bug report",
+        description="Print what a bug report needs: Python and package versions (torch, transformers, impi-rt, "
+        "mpi4py, oneCCL bindings, IPEX, DeepSpeed), the CPU model and flags, the launcher that started this "
+        "process and the launch commands found, cgroup limits, and this node's default plan.",
+    )
+    add_request_arguments(p)
+    add_detection_arguments(p)
+    p.add_argument("--json", action="store_true", help="print it as JSON (with every CPU flag)")
+    p.set_defaults(func=cmd_env)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    try:
+        plan, error = make_plan(topology_from_args(args), request_from_args(args)), None
+    except CoreCPUError as exc:  # a machine corecpu cannot plan is worth reporting, not a reason to stop
+        plan, error = None, str(exc)
+    report = collect(plan, error, cgroup_root=args.cgroup or REAL_CGROUP, cpuinfo=args.cpuinfo)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render_text(report))
+    return 0
 
 
 # ---------------------------------------------------------------- make-data
@@ -209,7 +238,7 @@ def cmd_build_ccl(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- wiring
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_plan, _add_make_data, _add_report, _add_build_ccl, _add_launch)
+    _add_plan, _add_env, _add_make_data, _add_report, _add_build_ccl, _add_launch)
 
 
 def build_parser() -> argparse.ArgumentParser:
