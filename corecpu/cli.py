@@ -185,6 +185,21 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
                    add_help=False)
 
 
+# ---------------------------------------------------------------- train
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    # Listed for --help only: main() execs train.py (shipped as corecpu/train.py) with the arguments untouched.
+    sub.add_parser("train", help="run train.py, the built-in training loop, in this process (corecpu train --help)",
+                   add_help=False)
+
+
+def exec_train(argv: Sequence[str]) -> NoReturn:
+    """`corecpu train ARGS` is `python -u train.py ARGS`: the same file, as a fresh process (exec, so a
+    launcher's signals and exit code reach it unchanged)."""
+    os.execv(sys.executable, [sys.executable, "-u", "-m", "corecpu.train", *argv])
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -238,7 +253,7 @@ def cmd_build_ccl(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- wiring
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_plan, _add_env, _add_make_data, _add_report, _add_build_ccl, _add_launch)
+    _add_plan, _add_env, _add_make_data, _add_report, _add_build_ccl, _add_launch, _add_train)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["launch"]:
         launch_main(args_in[1:])
+    if args_in[:1] == ["train"]:
+        exec_train(args_in[1:])
 
     def run() -> int:
         args = build_parser().parse_args(argv)

@@ -14,6 +14,7 @@ import shutil
 import sys
 from typing import Mapping
 
+from corecpu import envvars
 from corecpu.cluster.launchers import detect_launcher
 from corecpu.cpu.cgroups import REAL_CGROUP, read_cpu_quota, read_cpuset, read_memory_limit
 from corecpu.cpu.cpulist import format_cpu_list
@@ -40,7 +41,7 @@ COMMANDS = ("mpirun", "torchrun", "srun", "ipexrun", "numactl")
 # The variables that decide where a rank goes and how it runs, worth seeing in a report.
 VARIABLES = ("OMP_NUM_THREADS", "KMP_AFFINITY", "MASTER_ADDR", "MASTER_PORT", "I_MPI_PIN", "I_MPI_PIN_DOMAIN",
              "CCL_WORKER_COUNT", "LD_PRELOAD", "SLURM_JOB_ID", "SLURM_CPUS_PER_TASK", "SLURM_NTASKS",
-             "CORECPU_CACHE_DIR", "HF_HOME")
+             envvars.CACHE_DIR, "HF_HOME")
 
 
 def package_versions() -> dict[str, str | None]:
