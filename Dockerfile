@@ -33,9 +33,10 @@ COPY constraints.txt ./
 RUN pip install -c constraints.txt --extra-index-url "$CORECPU_TORCH_INDEX" torch \
  && python -c "import torch; assert torch.version.cuda is None, torch.__version__"
 
-COPY pyproject.toml README.md launch.sh ./
+COPY pyproject.toml README.md launch.sh image-constraints.txt ./
 COPY corecpu/ corecpu/
-RUN ./launch.sh --setup-only
+# Every dependency at the version image-constraints.txt names (torch stays as installed above).
+RUN PIP_CONSTRAINT=image-constraints.txt ./launch.sh --setup-only
 
 COPY --chown=corecpu train.py test.sh ./
 COPY --chown=corecpu tests/ tests/

