@@ -33,9 +33,10 @@ COPY constraints.txt ./
 RUN pip install -c constraints.txt --extra-index-url "$CORECPU_TORCH_INDEX" torch \
  && python -c "import torch; assert torch.version.cuda is None, torch.__version__"
 
-COPY pyproject.toml README.md launch.sh ./
+COPY pyproject.toml README.md launch.sh image-constraints.txt ./
 COPY corecpu/ corecpu/
-RUN ./launch.sh --setup-only
+# Every dependency at the version image-constraints.txt names (torch stays as installed above).
+RUN PIP_CONSTRAINT=image-constraints.txt ./launch.sh --setup-only
 
 COPY --chown=corecpu train.py test.sh ./
 COPY --chown=corecpu tests/ tests/
@@ -49,5 +50,6 @@ RUN printf 'Port 2222\nPidFile /home/corecpu/sshd.pid\nHostKey /home/corecpu/.ss
  && printf 'Host *\n  Port 2222\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n' >> /etc/ssh/ssh_config \
  && chown -R corecpu /home/corecpu /opt/corecpu
 
-USER corecpu
+# Numeric, so that Kubernetes' runAsNonRoot can check it (the manifests set runAsUser: 1000).
+USER 1000:1000
 CMD ["./launch.sh", "2", "--model", "tiny", "--max-steps", "20"]

@@ -20,7 +20,7 @@ warn() { echo "launch.sh: warning: $*" >&2; }
 
 usage() {
   cat <<'EOF'
-usage: ./launch.sh [--with-ccl] N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [SCRIPT.py] [args...]
+usage: ./launch.sh [--with-ccl] N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [--log-dir DIR] [SCRIPT.py] [args...]
   --with-ccl     first build and install the oneCCL bindings for --backend ccl (corecpu build-ccl; a cached
                  build installs in seconds); alone, it only does that
   N              total number of ranks (processes)
@@ -28,6 +28,7 @@ usage: ./launch.sh [--with-ccl] N [-f HOSTFILE] [--ppn P] [--dry-run] [--launche
   --ppn P        ranks per host with -f (default: N divided evenly over the hosts)
   --dry-run      print the launch command, its environment and this host's plan; run nothing
   --launcher L   force mpirun or torchrun (default: mpirun if found, else torchrun)
+  --log-dir DIR  each rank's stdout and stderr to DIR/rank-N.log; a failed job prints the failed ranks' last lines
   SCRIPT.py      a first argument ending in .py is the script to run (default: train.py);
                  everything after it is the script's
 Everything else goes to train.py (see: python train.py --help).
@@ -64,7 +65,8 @@ stamp_file="$(dirname "$py")/../.corecpu-installed"
 stamp_sum="" stamp_extras=""
 [[ -f "$stamp_file" ]] && read -r stamp_sum stamp_extras < "$stamp_file" || true
 if [[ "${stamp_sum:-}" != "$(stamp_of)" || ( -n "$extras" && ",${stamp_extras:-}," != *",$extras,"* ) ]]; then
-  target="$here${extras:+[$extras]}"
+  # mpi (Intel MPI's mpirun, mpi4py) and demo (the default model) always: the README's commands need them.
+  target="$here[mpi,demo${extras:+,$extras}]"
   if (( dry_run )); then
     echo "# would first set up $(dirname "$(dirname "$py")") and pip install -c constraints.txt -e '$target'"
   else

@@ -4,7 +4,9 @@
     ./launch.sh 4 --data train.tsv --eval-data dev.tsv --model PATH
     ./launch.sh 2 --task qa --data train-v1.1.json --eval-data dev-v1.1.json   # extractive QA (SQuAD)
     torchrun --nproc-per-node 2 train.py --model tiny
+    python train.py --config run.yaml --lr 5e-5      # a config file's keys are the flags; flags override it
     python train.py --help
+    corecpu train ...  /  corecpu launch -n 2 train ...   # pip-installed: corecpu/train.py is this file
 
 The whole loop is in this file, top to bottom. It uses corecpu through the same front
 door as any research script (`corecpu.setup()`, `run.wrap()`, `run.steps()`); what varies

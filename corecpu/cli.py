@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from corecpu import envvars
+from corecpu.cpu.cgroups import REAL_CGROUP
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
@@ -21,6 +22,7 @@ from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.data.builtin import write_task
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.build_ccl import build_ccl
+from corecpu.launching.environment import collect, render_text
 from corecpu.launching.launch import main as launch_main
 from corecpu.reporting.run_report import load_run, render, summarize
 
@@ -109,6 +111,33 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
         console.print(f"note: {n}", highlight=False)
 
 
+# ---------------------------------------------------------------- env
+
+
+def _add_env(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "env",
+        help="print versions, CPU, launcher, cgroup limits and the plan, for a bug report",
+        description="Print what a bug report needs: Python and package versions (torch, transformers, impi-rt, "
+        "mpi4py, oneCCL bindings, IPEX, DeepSpeed), the CPU model and flags, the launcher that started this "
+        "process and the launch commands found, cgroup limits, and this node's default plan.",
+    )
+    add_request_arguments(p)
+    add_detection_arguments(p)
+    p.add_argument("--json", action="store_true", help="print it as JSON (with every CPU flag)")
+    p.set_defaults(func=cmd_env)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    try:
+        plan, error = make_plan(topology_from_args(args), request_from_args(args)), None
+    except CoreCPUError as exc:  # a machine corecpu cannot plan is worth reporting, not a reason to stop
+        plan, error = None, str(exc)
+    report = collect(plan, error, cgroup_root=args.cgroup or REAL_CGROUP, cpuinfo=args.cpuinfo)
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render_text(report))
+    return 0
+
+
 # ---------------------------------------------------------------- make-data
 
 
@@ -154,6 +183,21 @@ def _add_launch(sub: argparse._SubParsersAction) -> None:
     # the script's own arguments (-n, -f, ...) must not be parsed here.
     sub.add_parser("launch", help="start N ranks of a script, each bound to its own cores (corecpu launch -h)",
                    add_help=False)
+
+
+# ---------------------------------------------------------------- train
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    # Listed for --help only: main() execs train.py (shipped as corecpu/train.py) with the arguments untouched.
+    sub.add_parser("train", help="run train.py, the built-in training loop, in this process (corecpu train --help)",
+                   add_help=False)
+
+
+def exec_train(argv: Sequence[str]) -> NoReturn:
+    """`corecpu train ARGS` is `python -u train.py ARGS`: the same file, as a fresh process (exec, so a
+    launcher's signals and exit code reach it unchanged)."""
+    os.execv(sys.executable, [sys.executable, "-u", "-m", "corecpu.train", *argv])
 
 
 # ---------------------------------------------------------------- report
@@ -209,7 +253,7 @@ def cmd_build_ccl(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- wiring
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_plan, _add_make_data, _add_report, _add_build_ccl, _add_launch)
+    _add_plan, _add_env, _add_make_data, _add_report, _add_build_ccl, _add_launch, _add_train)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,6 +268,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in[:1] == ["launch"]:
         launch_main(args_in[1:])
+    if args_in[:1] == ["train"]:
+        exec_train(args_in[1:])
 
     def run() -> int:
         args = build_parser().parse_args(argv)

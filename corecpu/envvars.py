@@ -23,6 +23,7 @@ THREADS_DECISION = "CORECPU_THREADS_DECISION"  # why this rank has the threads i
 BACKEND = "CORECPU_BACKEND"  # the process-group backend asked for (auto|gloo|ccl|mpi): ccl reserves a worker core
 TTY = "CORECPU_TTY"  # "1" when the launcher's stdout is a terminal: rank 0 may draw a progress bar
 LAUNCHER_PID = "CORECPU_LAUNCHER_PID"  # `corecpu launch`'s PID: ranks on its host exit if it is killed (lifeline)
+LOG_DIR = "CORECPU_LOG_DIR"  # --log-dir: corecpu.bind sends the rank's stdout and stderr to DIR/rank-N.log
 
 # Set by the user. Where corecpu caches (precision calibrations, tokenized data, the IPEX tier's env).
 CACHE_DIR = "CORECPU_CACHE_DIR"
@@ -35,7 +36,7 @@ CCL_SOURCE = "CORECPU_CCL_SOURCE"
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
+ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, LOG_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 

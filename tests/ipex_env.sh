@@ -61,7 +61,7 @@ EOF
   "$env/bin/python" - "$here/pyproject.toml" torch "${PULLS_TORCH[@]}" > "$env/corecpu-deps.txt" <<'EOF'
 import re, sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-for req in project["dependencies"]:
+for req in project["dependencies"] + project["optional-dependencies"]["mpi"]:  # launch.sh adds mpi too
     if re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0].lower() not in sys.argv[2:]:
         print(req.split("#")[0].strip())
 print("pytest>=8")

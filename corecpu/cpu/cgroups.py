@@ -103,3 +103,15 @@ def read_cpuset(cgroup_root: str | Path = REAL_CGROUP, proc_self_cgroup: str | P
             if text and text.strip():
                 return parse_cpu_list(text)
     return None
+
+
+def read_memory_limit(cgroup_root: str | Path = REAL_CGROUP, proc_self_cgroup: str | Path = "/proc/self/cgroup") -> int | None:
+    """Memory limit in bytes (memory.max or memory.limit_in_bytes); the tightest ancestor wins; None for none."""
+    limits: list[int] = []
+    for d in _cgroup_dirs(Path(cgroup_root), proc_self_cgroup, "memory"):
+        text = read_file(d / "memory.max")
+        if text is None:
+            text = read_file(d / "memory.limit_in_bytes")
+        if text and text.strip().isdigit() and int(text) < 2**62:  # v1 writes "no limit" as a huge number
+            limits.append(int(text))
+    return min(limits) if limits else None

@@ -85,7 +85,7 @@ def choose_allreduce(
                 "launch with mpirun (launch.sh does) or use the gloo all-reduce"
             )
         if not ok:
-            raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); pip install mpi4py impi-rt, or use gloo")
+            raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); pip install 'corecpu[mpi]', or use gloo")
         return "mpi", f"requested; started by {info.launcher}"
     if backend == "ccl":
         # A ccl process group was chosen (asked for, or auto with the bindings built): DDP uses it. Not yet a

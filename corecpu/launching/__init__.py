@@ -2,5 +2,6 @@
 before torch loads (bind), and the install-time CUDA-build notice (install).
 
 May import: corecpu.errors, corecpu.envvars, corecpu.cluster, corecpu.cpu, corecpu.reliability.lifeline.
+Also `corecpu env` (environment): versions, CPU, launcher, cgroup limits and plan for a bug report.
 Torch-free.
 """

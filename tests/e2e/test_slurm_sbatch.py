@@ -7,39 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers.common import ROOT
 from helpers.netns import two_hosts
-
-SBATCH = ROOT / "examples/slurm/train.sbatch"
-FAKE_SRUN = ROOT / "tests/helpers/fake_srun.py"
-
-
-def sbatch_env(tmp_path: Path, nodes: list[str], tasks_per_node: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The batch step's environment as sbatch gives it, plus the fake srun first on PATH."""
-    import hostlist
-
-    shim = tmp_path / "bin"
-    shim.mkdir(exist_ok=True)
-    (shim / "srun").symlink_to(FAKE_SRUN)
-    FAKE_SRUN.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "PMI_", "RANK", "WORLD_SIZE"))}
-    env.update({
-        "PATH": os.pathsep.join([str(shim), str(Path(sys.executable).parent), env.get("PATH", "")]),
-        "SLURM_JOB_ID": "31337", "SLURM_JOBID": "31337", "SLURM_JOB_NAME": "corecpu",
-        "SLURM_JOB_NODELIST": hostlist.collect_hostlist(nodes), "SLURM_NODELIST": hostlist.collect_hostlist(nodes),
-        "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURM_NNODES": str(len(nodes)),
-        "SLURM_NTASKS": str(len(nodes) * tasks_per_node), "SLURM_NPROCS": str(len(nodes) * tasks_per_node),
-        "SLURM_NTASKS_PER_NODE": str(tasks_per_node), "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{len(nodes)})",
-        "SLURM_CPUS_PER_TASK": "1", "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_PROCID": "0", "SLURM_NODEID": "0",
-        "SLURMD_NODENAME": nodes[0], "PYTHONPATH": str(ROOT),
-    })
-    env.update(extra or {})
-    return env
+from helpers.slurm import SBATCH, sbatch_env, scontrol_calls
 
 
 def train_args(out: Path) -> list[str]:
@@ -68,6 +42,7 @@ def test_sbatch_two_tasks_on_one_node(tmp_path, launcher, seen_as):
                        timeout=600, stdin=subprocess.DEVNULL)
     topo = check_run(r, out, 2, seen_as)
     assert all(t["torch_threads"] == 1 for t in topo), topo  # --cpus-per-task=1
+    assert scontrol_calls(tmp_path) == []  # a job that ended normally is not requeued
 
 
 @pytest.mark.parametrize("launcher, seen_as", [("srun", "slurm"), ("mpirun", "intel-mpi")])

@@ -124,7 +124,7 @@ def _argv(pid: int) -> list[str]:
 
 
 def rank_pids(marker: str) -> dict[int, int]:
-    """rank -> pid of the train.py processes of the job (from PMI_RANK or RANK in their environment)."""
+    """rank -> pid of the train.py processes of the job (from PMI_RANK, RANK or SLURM_PROCID in their environment)."""
     ranks = {}
     for pid in processes(marker):
         argv = _argv(pid)
@@ -137,7 +137,7 @@ def rank_pids(marker: str) -> dict[int, int]:
                        .split("\0") if "=" in v)
         except OSError:
             continue
-        rank = env.get("PMI_RANK", env.get("RANK"))
+        rank = env.get("PMI_RANK", env.get("RANK", env.get("SLURM_PROCID")))  # mpirun, torchrun, srun
         if rank is not None:
             ranks[int(rank)] = pid
     return ranks

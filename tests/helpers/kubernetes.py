@@ -14,7 +14,7 @@ POD = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
 
 def pytorchjob_pod_env(rank: int, replicas: int = 2, nproc: str = "1") -> dict[str, str]:
     nproc_int = int(nproc) if nproc.isdigit() else 1
-    return {**POD, "PYTHONUNBUFFERED": "0", "MASTER_PORT": "23456", "MASTER_ADDR": "corecpu-train-master-0",
+    return {**POD, "PYTHONUNBUFFERED": "1", "MASTER_PORT": "23456", "MASTER_ADDR": "corecpu-train-master-0",
             "WORLD_SIZE": str(replicas * nproc_int), "RANK": str(rank), "PET_NPROC_PER_NODE": nproc,
             "PET_NODE_RANK": str(rank), "PET_NNODES": str(replicas)}
 

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("corecpu.reporting",),
     ("corecpu.tasks",),
     ("corecpu.launching",),
-    ("corecpu.cli", "corecpu.bind", "corecpu.launch", "corecpu.install", "corecpu"),
+    ("corecpu.cli", "corecpu.bind", "corecpu.launch", "corecpu.install", "corecpu.train", "corecpu"),
 )
 TORCH_FREE = ("corecpu", "corecpu.errors", "corecpu.envvars", "corecpu.cluster", "corecpu.cpu", "corecpu.launching",
               "corecpu.reliability.lifeline", "corecpu.data.types", "corecpu.data.builtin", "corecpu.data.qa",

