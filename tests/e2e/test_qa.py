@@ -5,7 +5,6 @@ procedure applied to the predictions.json the run wrote."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -13,8 +12,7 @@ import pytest
 
 from corecpu.data.builtin_qa import builtin_qa_dataset
 from corecpu.data.qa import write_squad_json
-from helpers.common import ROOT
-from helpers.launching import TINY, crash_at_step, launch, run_train
+from helpers.launching import TINY, crash_at_step, launch, one_rank_vs_two, run_train
 from helpers.squad_reference import score_v1, score_v2
 
 QA = ["--task", "qa", *TINY]
@@ -105,22 +103,9 @@ def test_bad_answer_offset_is_one_line(tmp_path):
     assert "does not point at the answer text" in last and "fix the offset or the text" in last
 
 
-def single(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
 def test_one_rank_batch_8_equals_two_ranks_batch_4(tmp_path):
     common = [*QA, *SHORT, "--max-steps", "6", "--log-every", "1", "--eval-data", "none"]
-    one = single(*common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr
-    launch(2, *common, "--batch-size", "4", "--output-dir", str(tmp_path / "two"))
-    a, _ = qa_records(tmp_path / "one")
-    b, _ = qa_records(tmp_path / "two")
-    assert len(a) == len(b) == 6
-    for ra, rb in zip(a, b):
-        assert ra["lr"] == rb["lr"] and abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
-    assert a[0]["loss"] != a[-1]["loss"]
+    one_rank_vs_two(tmp_path, common, 6, read=lambda out: qa_records(out)[0])
 
 
 def test_killed_qa_run_resumes_with_identical_losses(tmp_path):

@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.common import ROOT
-from helpers.launching import TINY, crash_at_step, launch, records
-
-
-def single(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+from helpers.launching import TINY, crash_at_step, launch, one_rank_vs_two, records, single
 
 
 def test_launch_two_ranks_tiny(tmp_path):
@@ -84,17 +79,7 @@ def test_plain_torchrun_ranks_are_planned_in_process(tmp_path):
 
 
 def test_one_rank_batch_8_equals_two_ranks_batch_4(tmp_path):
-    common = [*TINY, "--max-steps", "8", "--log-every", "1", "--eval-data", "none"]
-    one = single(*common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr
-    launch(2, *common, "--batch-size", "4", "--output-dir", str(tmp_path / "two"))
-    a, _ = records(tmp_path / "one")
-    b, _ = records(tmp_path / "two")
-    assert len(a) == len(b) == 8
-    for ra, rb in zip(a, b):
-        assert ra["lr"] == rb["lr"]
-        assert abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
-    assert a[0]["loss"] != a[-1]["loss"]  # the model trained
+    one_rank_vs_two(tmp_path, [*TINY, "--max-steps", "8", "--log-every", "1", "--eval-data", "none"], 8)
 
 
 def test_killed_run_resumes_with_identical_losses(tmp_path):

@@ -30,6 +30,26 @@ def launch(n: int, *args: str, timeout: float = 300, check: bool = True) -> subp
     return proc
 
 
+def single(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """train.py in this process's environment, one rank, one thread (as one of two ranks would have)."""
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def one_rank_vs_two(tmp_path: Path, common: list[str], steps: int, read=None) -> tuple[list[dict], list[dict]]:
+    """The same run as 1 rank x batch 8 and as 2 ranks x batch 4: both step records, checked to agree."""
+    read = read or (lambda out: records(out)[0])
+    one = single(*common, "--batch-size", "8", "--output-dir", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    launch(2, *common, "--batch-size", "4", "--output-dir", str(tmp_path / "two"))
+    a, b = read(tmp_path / "one"), read(tmp_path / "two")
+    assert len(a) == len(b) == steps
+    for ra, rb in zip(a, b):
+        assert ra["lr"] == rb["lr"] and abs(ra["loss"] - rb["loss"]) < 1e-5, (ra, rb)
+    assert a[0]["loss"] != a[-1]["loss"]  # the model trained
+    return a, b
+
+
 def crash_at_step(n: int, args: list[str], out: Path, step: int, timeout: float = 240) -> list[int]:
     """Start `launch.sh n args --output-dir out`, SIGKILL its whole process group once metrics.jsonl
     reaches `step` (a crash: nothing more is written), and return the checkpoint steps it left."""
