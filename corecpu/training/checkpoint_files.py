@@ -128,8 +128,8 @@ def choose(candidates: list[Candidate], check: Callable[[Candidate], str | None]
 # ---------------------------------------------------------------- stale leftovers
 
 
-def _process_start(pid: int) -> str | None:
-    # Field 22 of /proc/PID/stat: start time since boot; with the PID it names one process, even after reuse.
+def process_start(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat: start time since boot; with the PID it names one process, even after reuse."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
@@ -164,7 +164,7 @@ def writer_gone(owner: dict[str, Any] | None, pid_from_name: int | None, host: s
 
 def clean_stale(output_dir: str | Path, *, host: str | None = None,
                 alive: Callable[[int], bool] = _pid_alive,
-                started: Callable[[int], str | None] = _process_start) -> list[str]:
+                started: Callable[[int], str | None] = process_start) -> list[str]:
     """Remove leftovers of killed saves and prunes; one note per removal.
 
     .step-*.tmp-PID/ and .step-*.old-PID/ go when their writer is gone; a step-* directory
@@ -245,7 +245,7 @@ def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host:
     # An exit that cannot wait (a second stop signal, the launcher gone) still removes the half-written copy.
     forget = preempt.on_hard_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
     try:
-        (tmp / OWNER).write_text(json.dumps({"host": host, "pid": os.getpid(), "start": _process_start(os.getpid())}))
+        (tmp / OWNER).write_text(json.dumps({"host": host, "pid": os.getpid(), "start": process_start(os.getpid())}))
         torch.save(state, tmp / STATE)
         _fsync(tmp / STATE)
         # Digest what reached the file (read back from the page cache), not what we meant to write.

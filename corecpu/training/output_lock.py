@@ -27,20 +27,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from corecpu.errors import CoreCPUError
+from corecpu.training.checkpoint_files import process_start
 
 LOCK_NAME = ".corecpu-lock"
 HEARTBEAT_S = 20.0
 STALE_S = 120.0
-
-
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None when there is no such process.
-    With the PID it names one process for the whole uptime: a reused PID has another start time."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name in parentheses may hold spaces
 
 
 def holder_record(now: float) -> dict[str, Any]:

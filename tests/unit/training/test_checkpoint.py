@@ -232,7 +232,7 @@ def test_stale_leftovers_are_cleaned_only_when_their_writer_is_gone(tmp_path):
         d.mkdir(parents=True)
     (gone / "state.pt").write_bytes(b"x" * 1000)
     (running / "owner.json").write_text(json.dumps({"host": "me", "pid": os.getpid(),
-                                                    "start": store._process_start(os.getpid())}))
+                                                    "start": store.process_start(os.getpid())}))
     (remote / "owner.json").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
     notes = store.clean_stale(tmp_path, host="me")
     assert not gone.exists() and not partial.exists()
