@@ -54,7 +54,8 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     collate = task.collate(tokenizer)
     loader = run.loader(train_set, cfg.batch_size, seed=cfg.seed, collate_fn=collate,
                         lengths=train_set.lengths if cfg.group_by_length else None)
-    eval_loader = run.eval_loader(eval_set, cfg.batch_size, collate_fn=collate) if eval_set else None
+    eval_loader = (run.eval_loader(eval_set, cfg.batch_size, collate_fn=collate, lengths=eval_set.lengths)
+                   if eval_set else None)  # longest first: evaluation's padding is pure waste
     steps = run.steps(loader, epochs=cfg.epochs, max_steps=cfg.max_steps, grad_accum=cfg.grad_accum)
 
     # The fused CPU kernel updates all parameters in one pass: 16 ms instead of 125 ms per step for

@@ -14,8 +14,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
-DEFAULT_VARIANTS = ("corecpu", "trainer_ddp", "trainer_ddp_grouped", "trainer_1proc")
-KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "plain_ddp")
+DEFAULT_VARIANTS = ("corecpu", "trainer_tuned", "trainer_ddp", "trainer_1proc")
+KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "trainer_ddp_grouped", "plain_ddp")
+# What a user who tunes the Trainer runs: torchrun, group_by_length, bf16=True, whatever the CPU. Its
+# precision is the user's flag, not corecpu's measurement, so it is bf16 even where bf16 measured slower.
+TUNED, TUNED_PRECISION = "trainer_tuned", "bf16"
+TORCHRUN_VARIANTS = ("trainer_ddp", "trainer_ddp_grouped", TUNED, "plain_ddp")
 MODEL_SPECS = {"minilm": "default", "tiny": "tiny"}  # our name -> corecpu's --model value (else a path)
 DATA_SUFFIXES = (".tsv", ".csv", ".jsonl")
 
@@ -55,6 +59,17 @@ def parse_corecpu_args(items: list[str]) -> dict[str, str]:
             raise ValueError(f"--corecpu-args takes NAME='train.py flags' (NAME a word, e.g. nogroup), got {item!r}")
         out[name] = extra
     return out
+
+
+def extra_args(spec: str) -> tuple[dict[str, str], list[str]]:
+    """'I_MPI_WAIT_MODE=1 --allreduce gloo' -> ({'I_MPI_WAIT_MODE': '1'}, ['--allreduce', 'gloo']): leading
+    NAME=VALUE words are the variant's environment, as in a shell command line."""
+    words = shlex.split(spec)
+    env: dict[str, str] = {}
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
 
 
 def variant_order(requested: list[str], corecpu_extra: dict[str, str]) -> list[str]:
@@ -108,7 +123,7 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     length = ["--epochs", str(cfg.epochs)] + (["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])
     if variant == "corecpu" or variant.startswith("corecpu:"):
         suffix = variant.partition(":")[2]
-        extra = shlex.split(cfg.corecpu_extra[suffix]) if suffix else []
+        extra = extra_args(cfg.corecpu_extra[suffix])[1] if suffix else []
         return [str(ROOT / "launch.sh"), str(cfg.ranks), "--model", cfg.model_spec, *_data_args(cfg), *length,
                 *_non_default(cfg), *(["--precision", precision] if precision else []),
                 "--output-dir", str(run_dir / variant.replace(":", "-")), "--log-every", "1", "--progress", "off",
@@ -119,8 +134,10 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     base = ["--model", cfg.model_spec, *_data_args(cfg), *length, "--max-seq-len", str(cfg.max_seq_len),
             "--seed", str(cfg.seed), "--precision", precision, "--out-json", str(out)]
     torchrun = [str(Path(python).parent / "torchrun"), "--standalone", "--nproc-per-node", str(cfg.ranks)]
-    if variant in ("trainer_ddp", "trainer_ddp_grouped"):
-        grouped = "--group-by-length" if variant == "trainer_ddp_grouped" else "--no-group-by-length"
+    if variant == TUNED:
+        base[base.index("--precision") + 1] = TUNED_PRECISION
+    if variant in ("trainer_ddp", "trainer_ddp_grouped", TUNED):
+        grouped = "--no-group-by-length" if variant == "trainer_ddp" else "--group-by-length"
         return [*torchrun, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size), grouped]
     if variant == "trainer_1proc":
         return [python, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size * cfg.ranks),
@@ -133,12 +150,17 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")
 
 
-def variant_env(variant: str, env: dict[str, str], torchrun_threads: int) -> dict[str, str]:
+def variant_env(variant: str, env: dict[str, str], torchrun_threads: int,
+                cfg: BenchConfig | None = None) -> dict[str, str]:
     """The environment of one run: no thread settings of ours, except OMP_NUM_THREADS for the ranks
     torchrun starts. torchrun's own default is 1 thread per rank, which on a many-core host would
-    leave the baseline's cores idle; the fair share is the cores one process would use / ranks."""
+    leave the baseline's cores idle; the fair share is the cores one process would use / ranks.
+    A corecpu:NAME variant adds the NAME=VALUE words its --corecpu-args begin with."""
     clean = {k: v for k, v in env.items() if k not in THREAD_VARS}
-    if variant in ("trainer_ddp", "trainer_ddp_grouped", "plain_ddp"):
+    suffix = variant.partition(":")[2]
+    if cfg is not None and suffix:
+        clean.update(extra_args(cfg.corecpu_extra[suffix])[0])
+    if variant in TORCHRUN_VARIANTS:
         clean["OMP_NUM_THREADS"] = str(torchrun_threads)
     return clean
 

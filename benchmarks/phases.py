@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("data", "forward", "backward_nosync", "skew", "backward_sync", "clip", "optimizer")
+PHASES = ("data", "forward", "backward_nosync", "skew", "backward_sync", "clip", "optimizer", "stop_check")
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,6 +67,7 @@ def worker(args: argparse.Namespace) -> None:
     from transformers import get_linear_schedule_with_warmup
 
     from corecpu.data.sampling import set_epoch
+    from corecpu.reliability import preempt
     from corecpu.data.sources import load_data
     from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
     from corecpu.training.modeling import load_model, load_tokenizer, optimizer_groups
@@ -117,7 +118,9 @@ def worker(args: argparse.Namespace) -> None:
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                record.update(clip=t4 - t3, optimizer=time.perf_counter() - t4)
+                t5 = time.perf_counter()
+                preempt.stop_requested_everywhere()  # the collective run.steps() makes between two steps
+                record.update(clip=t4 - t3, optimizer=t5 - t4, stop_check=time.perf_counter() - t5)
             if micro >= args.warmup:
                 for k, v in record.items():
                     times[k].append(v)
@@ -147,11 +150,12 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]], precision: str
     rows = []
     for r in ranks:
         wait = r["backward_sync"] - r["backward_nosync"] if r["backward_nosync"] is not None else None
-        step = sum(r[k] for k in ("data", "forward", "backward_sync", "clip", "optimizer"))
+        step = sum(r[k] or 0.0 for k in ("data", "forward", "backward_sync", "clip", "optimizer", "stop_check"))
         rows.append({**r, "allreduce_wait": wait, "step": step, "samples_per_s": args.batch_size * world / step * 1000})
     cols = [("data + collate", "data"), ("forward", "forward"), ("backward, no sync", "backward_nosync"),
             ("wait for slowest rank", "skew"), ("all-reduce wait", "allreduce_wait"),
-            ("backward with sync", "backward_sync"), ("clip", "clip"), ("optimizer", "optimizer"), ("step", "step"),
+            ("backward with sync", "backward_sync"), ("clip", "clip"), ("optimizer", "optimizer"),
+            ("stop check", "stop_check"), ("step", "step"),
             ("bare all-reduce", "bare_allreduce")]
     print(f"\n{desc}, {precision}, {world} rank(s) x batch {args.batch_size}, data {args.data}; "
           f"median ms per phase over micro-steps {args.warmup + 1}..{args.steps}\n")
@@ -159,7 +163,8 @@ def report(args: argparse.Namespace, ranks: list[dict[str, Any]], precision: str
     print("|---:|---:|" + "---:|" * (len(cols) + 1))
     for i, r in enumerate(rows):
         print(f"| {i} | {r['threads']} | " + " | ".join(ms(r[k]) for _, k in cols) + f" | {r['samples_per_s']:.1f} |")
-    print("\nstep = data + forward + backward with sync + clip + optimizer; all-reduce wait = backward with sync "
+    print("\nstep = data + forward + backward with sync + clip + optimizer + stop check (the one-int all-reduce "
+          "between steps); all-reduce wait = backward with sync "
           "- backward without (what DDP did not overlap, incl. waiting for the slowest rank); wait for slowest rank = "
           "a barrier after a no-sync backward; bare all-reduce = one gradient-sized fp32 buffer over gloo, alone.")
     out = args.out or ROOT / "benchmarks" / "results" / f"phases-{Path(args.data).stem}-{precision}-n{world}.json"

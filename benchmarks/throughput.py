@@ -6,19 +6,23 @@
     python benchmarks/throughput.py --corecpu-args 'nogroup=--no-group-by-length'           # + corecpu:nogroup
     python benchmarks/throughput.py --variants corecpu --corecpu-args 'ccl=--backend ccl' \
         --corecpu-args 'gloo=--backend gloo'    # oneCCL (after corecpu build-ccl) beside gloo + the MPI hook
+    python benchmarks/throughput.py --background-load 1 --corecpu-args 'wait=I_MPI_WAIT_MODE=1'  # env, then flags
     python benchmarks/throughput.py --report benchmarks/results/X.json --markdown          # re-print only
 
 Variants (same model and init, data, global batch, lr, schedule, clipping, max length,
 seed, precision, epochs):
   corecpu              ./launch.sh N train.py, corecpu's defaults (precision auto as it resolves it)
-  trainer_ddp          torchrun --nproc-per-node N hf_trainer.py, random sampling
-  trainer_ddp_grouped  the same with train_sampling_strategy group_by_length
+  trainer_tuned        torchrun --nproc-per-node N hf_trainer.py, group_by_length, bf16=True: the
+                       Trainer as a user tunes it (the anchor of every ratio)
+  trainer_ddp          the same with random sampling at corecpu's precision (the Trainer's default)
+  trainer_ddp_grouped  (on request) trainer_ddp with group_by_length
   trainer_1proc        python hf_trainer.py, one process, batch N x B, all cores as threads
   plain_ddp            (on request) the PyTorch CPU DDP tutorial loop under torchrun
 Each run trains, evaluates after every epoch and after its last step, and records rank 0's
 wall clock at the end of every optimizer step. Throughput = counted global samples of steps
 W+1..S / their time, without intervals holding an evaluation. Variants run interleaved
-(a b c d, a b c d, ...); tables show medians and ratios against trainer_ddp. See README.md.
+(a b c d, a b c d, ...); tables show medians and ratios against trainer_tuned. --background-load N
+keeps N spinning processes running through every run. See README.md.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from rich.table import Table
 
 import harness
 import stats
+from background import background_load
 from harness import BenchConfig
 
 console = Console(highlight=False)
@@ -77,6 +82,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: benchmarks/results/"
                    "throughput-<data>-<precision>-n<N>[-<model>].json; the chart goes beside it as .png)")
     p.add_argument("--work-dir", type=Path, default=None, help="run outputs and logs (default: a temp dir)")
+    p.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="start N busy processes (python -c 'while True: pass') for the whole comparison: a node "
+                   "shared with a neighbour's job")
     p.add_argument("--timeout", type=float, default=7200, help="seconds allowed per run")
     p.add_argument("--report", type=Path, default=None, help="print the tables of an existing result JSON; run nothing")
     p.add_argument("--markdown", action="store_true", help="also print the summary as a Markdown table")
@@ -177,6 +185,8 @@ def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespa
             raise RuntimeError(f"{out}/config.json does not record the resolved precision ('resolved': "
                                "{'precision': ...}); this benchmark needs it to run the others at corecpu's precision")
         extra["precision"] = resolved["precision"]
+        extra["binding"] = resolved.get("binding")
+        extra["phases"] = json.loads((out / "summary.json").read_text()).get("phases")  # start-up, steps, eval, save
     else:
         recorded = json.loads((run_dir / f"{variant}.json").read_text())
         steps, evals = recorded["steps"], recorded["evals"]
@@ -198,13 +208,33 @@ def print_tables(result: dict[str, Any], markdown: bool) -> None:
                     f"{r['final_loss']:.4f}", f"{r['load_avg_before']:.1f}")
     console.print(raw)
     table = Table(title=stats.title(result), title_justify="left")
-    for col in stats.HEADERS:
+    for col in stats.headers(result.get("baseline")):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for row in stats.table_rows(result):
         table.add_row(*row)
     console.print(table)
     if markdown:
         print("\n" + stats.markdown(result))
+
+
+def run_rounds(args: argparse.Namespace, cfg: BenchConfig, work: Path, env: dict[str, str], torchrun_threads: int,
+               precision: str | None, resolved_by: str | None, raw: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """Every variant once per round, rounds interleaved; appends to `raw`. Returns the precision used."""
+    for rep in range(1, args.repeats + 1):
+        run_dir = work / f"repeat{rep}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for v in args.order:
+            own = None if v.startswith("corecpu") and args.precision == "auto" else precision
+            cmd = harness.command(v, cfg, own, run_dir)
+            result = run_once(v, cmd, run_dir, args, harness.variant_env(v, env, torchrun_threads, cfg))
+            if precision is None:  # the first corecpu run decides for everyone
+                precision, resolved_by = result["precision"], f"corecpu's --precision auto (repeat {rep} run)"
+            raw.append({"repeat": rep, "command": cmd, **result})
+            console.print(f"repeat {rep}/{args.repeats} {v:<20} {result['samples_per_s']:7.1f} samples/s  "
+                          f"{result['ms_per_step']:6.0f} ms/step  wall {result['wall_s']:6.1f}s  eval acc "
+                          f"{result['eval_accuracy']:.4f}  final loss {result['final_loss']:.4f}  "
+                          f"({result.get('precision')})")
+    return precision, resolved_by
 
 
 def main() -> None:
@@ -240,21 +270,10 @@ def main() -> None:
     console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\n"
                   f"logs and run outputs: {work}")
     raw: list[dict[str, Any]] = []
-    for rep in range(1, args.repeats + 1):
-        run_dir = work / f"repeat{rep}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for v in args.order:
-            own = None if v.startswith("corecpu") and args.precision == "auto" else precision
-            cmd = harness.command(v, cfg, own, run_dir)
-            result = run_once(v, cmd, run_dir, args, harness.variant_env(v, env, torchrun_threads))
-            if precision is None:  # the first corecpu run decides for everyone
-                precision, resolved_by = result["precision"], f"corecpu's --precision auto (repeat {rep} run)"
-            raw.append({"repeat": rep, "command": cmd, **result})
-            console.print(f"repeat {rep}/{args.repeats} {v:<20} {result['samples_per_s']:7.1f} samples/s  "
-                          f"{result['ms_per_step']:6.0f} ms/step  wall {result['wall_s']:6.1f}s  eval acc "
-                          f"{result['eval_accuracy']:.4f}  final loss {result['final_loss']:.4f}  "
-                          f"({result.get('precision')})")
-    mismatched = sorted({r["variant"] for r in raw if r.get("precision") not in (None, precision)})
+    with background_load(args.background_load):
+        precision, resolved_by = run_rounds(args, cfg, work, env, torchrun_threads, precision, resolved_by, raw)
+    mismatched = sorted({r["variant"] for r in raw if r.get("precision") not in (None, precision)
+                         and r["variant"] != harness.TUNED})
     config = {"model": args.model, "data": data_info["data_label"], "data_info": data_info,
               "ranks": args.ranks, "batch_size": args.batch_size, "global_batch": args.batch_size * args.ranks,
               "max_seq_len": args.max_seq_len, "epochs": args.epochs, "max_steps": args.max_steps,
@@ -262,7 +281,7 @@ def main() -> None:
               "precision_requested": args.precision, "precision_resolved_by": resolved_by,
               "precision_mismatch": mismatched, "seed": args.seed, "variants": args.order,
               "corecpu_extra": args.corecpu_extra, "one_process_threads": one_process,
-              "torchrun_omp_num_threads": torchrun_threads}
+              "torchrun_omp_num_threads": torchrun_threads, "background_load": args.background_load}
     result = {"config": config, "machine": machine(), **stats.summarize(raw, args.order), "raw": raw,
               "method": "samples_per_s = counted global samples of steps W+1..S / their summed step intervals "
                         "(t = rank 0 wall clock at the end of each optimizer step; intervals holding an "

@@ -7,6 +7,7 @@ so every subcommand starts fast; rich is imported only to draw a plan.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -17,8 +18,9 @@ from corecpu import envvars
 from corecpu.cpu.cgroups import REAL_CGROUP
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
+from corecpu.cpu.node_plan import resolve_binding
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
-from corecpu.cpu.topology import add_detection_arguments, topology_from_args
+from corecpu.cpu.topology import REAL_SYSFS, add_detection_arguments, topology_from_args
 from corecpu.data.builtin import write_task
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.build_ccl import build_ccl
@@ -47,8 +49,11 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    request = request_from_args(args)
-    plan = make_plan(topology_from_args(args), request)
+    topology = topology_from_args(args)
+    # Sample the CPUs' load only for this machine's own topology, not for a --sysfs tree from elsewhere.
+    binding, why = resolve_binding(args.binding or "auto", os.environ, topology, measure=args.sysfs == REAL_SYSFS)
+    plan = dataclasses.replace(make_plan(topology, dataclasses.replace(request_from_args(args), binding=binding)),
+                               binding_reason=why)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     elif args.export:
@@ -107,6 +112,8 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
     console.print(env)
     for w in plan.warnings:
         console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
+    console.print(f"binding: {plan.request.binding}" + (f" ({plan.binding_reason})" if plan.binding_reason else ""),
+                  highlight=False)
     for n in plan.notes:
         console.print(f"note: {n}", highlight=False)
 

@@ -15,6 +15,7 @@ from typing import Mapping
 # Set by corecpu.bind for the rank it execs; read by corecpu.cpu.threads / corecpu.setup().
 BOUND_CPUS = "CORECPU_BOUND_CPUS"  # the rank's compute CPUs as a cpulist ("0-3,8"): bind already pinned it
 PLAN_NOTE = "CORECPU_PLAN_NOTE"  # the plan's warnings and notes, for topology.json
+COMM_CPU = "CORECPU_COMM_CPU"  # a CPU no rank computes on: the gradient all-reduce's comm thread pins itself there
 
 # Set by corecpu.cpu.threads in the rank itself; read when topology.json is written.
 THREADS_DECISION = "CORECPU_THREADS_DECISION"  # why this rank has the threads it has
@@ -23,6 +24,8 @@ THREADS_DECISION = "CORECPU_THREADS_DECISION"  # why this rank has the threads i
 BACKEND = "CORECPU_BACKEND"  # the process-group backend asked for (auto|gloo|ccl|mpi): ccl reserves a worker core
 TTY = "CORECPU_TTY"  # "1" when the launcher's stdout is a terminal: rank 0 may draw a progress bar
 LAUNCHER_PID = "CORECPU_LAUNCHER_PID"  # `corecpu launch`'s PID: ranks on its host exit if it is killed (lifeline)
+BINDING = "CORECPU_BINDING"  # core|numa: how tightly bind pins a rank (launch.sh decides it from --binding)
+BINDING_REASON = "CORECPU_BINDING_REASON"  # why: the launcher's evidence (CPUs busy at start, exclusivity signs)
 LOG_DIR = "CORECPU_LOG_DIR"  # --log-dir: corecpu.bind sends the rank's stdout and stderr to DIR/rank-N.log
 
 # Set by the user. Where corecpu caches (precision calibrations, tokenized data, the IPEX tier's env).
@@ -36,7 +39,7 @@ CCL_SOURCE = "CORECPU_CCL_SOURCE"
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, THREADS_DECISION, BACKEND, TTY, LAUNCHER_PID, LOG_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
+ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, TTY, LAUNCHER_PID, LOG_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from corecpu import envvars
 
 # Flags corecpu reports and acts on; /proc/cpuinfo spells them this way.
 TRACKED_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
@@ -59,20 +63,46 @@ def read_cpu_features(proc_cpuinfo: str | Path = "/proc/cpuinfo", use_cpuinfo_li
         model, kernel_flags = "", frozenset()
     lib_flags: frozenset[str] = frozenset()
     if use_cpuinfo_lib:
-        try:
-            import cpuinfo  # py-cpuinfo
-
-            info = cpuinfo.get_cpu_info()
-            lib_flags = frozenset(info.get("flags", []))
-            model = model or info.get("brand_raw", "")
-        except Exception:  # py-cpuinfo can fail in odd sandboxes; /proc/cpuinfo still answers
-            pass
+        lib_model, lib_flags = _cpuid_flags()
+        model = model or lib_model
     flags = set(kernel_flags) | {f for f in lib_flags if not f.startswith("amx")}
     if kernel_flags:
         flags |= {f for f in lib_flags if f.startswith("amx") and f in kernel_flags}
     else:
         flags |= lib_flags
     return CpuFeatures(model_name=model or "unknown CPU", flags=frozenset(flags))
+
+
+def _cpuid_flags(boot_id: str | Path = "/proc/sys/kernel/random/boot_id") -> tuple[str, frozenset[str]]:
+    """py-cpuinfo's (brand, flags), once per boot. It reads CPUID in a subprocess of its own, 1.2 CPU seconds
+    (measured) that every rank paid at every start; the CPU does not change until the next boot."""
+    try:
+        boot = Path(boot_id).read_text().strip()
+    except OSError:
+        boot = ""
+    cache = envvars.cache_dir() / f"cpuid-{boot}.json" if boot else None
+    if cache is not None:
+        try:
+            saved = json.loads(cache.read_text())
+            return saved["brand"], frozenset(saved["flags"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    try:
+        import cpuinfo  # py-cpuinfo
+
+        info = cpuinfo.get_cpu_info()
+    except Exception:  # py-cpuinfo can fail in odd sandboxes; /proc/cpuinfo still answers
+        return "", frozenset()
+    brand, flags = info.get("brand_raw", ""), frozenset(info.get("flags", []))
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"brand": brand, "flags": sorted(flags)}))
+            os.replace(tmp, cache)  # ranks starting together: each writes its own file, the last rename wins
+        except OSError:
+            pass  # a read-only home: pay the subprocess next time
+    return brand, flags
 
 
 def _torch_version() -> str:

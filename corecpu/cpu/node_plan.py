@@ -16,6 +16,7 @@ from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import ccl_installed
 from corecpu.cpu.plan import Plan, PlanRequest, RankPlan, make_plan
+from corecpu.cpu.sharing import SharingEvidence, decide_binding, gather_evidence
 from corecpu.cpu.topology import Topology, read_topology
 
 
@@ -27,15 +28,38 @@ def plan_backend(environ: Mapping[str, str]) -> str:
     return "ccl" if asked == "ccl" else "gloo"
 
 
+def resolve_binding(requested: str, environ: Mapping[str, str], topology: Topology, *,
+                    measure: bool) -> tuple[str, str]:
+    """`requested` (auto|core|numa) -> (core|numa, why), from this node's evidence; `measure` samples the CPUs'
+    load (only where no rank of this job is running yet: launch.sh, `corecpu plan`)."""
+    if requested != "auto":
+        return decide_binding(requested, SharingEvidence())
+    evidence = gather_evidence(environ, topology.allowed, len(topology.online), measure=measure)
+    return decide_binding("auto", evidence)
+
+
+def plan_binding(environ: Mapping[str, str], requested: str = "auto",
+                 topology: Topology | None = None) -> tuple[str, str]:
+    """How tightly to pin, and why: `requested`, else what the launcher decided (launch.sh measures the
+    CPUs' load before starting the ranks), else the static signs of exclusivity (no measuring here: the
+    other ranks' own start-up would look like load)."""
+    if requested == "auto" and environ.get(envvars.BINDING) in ("core", "numa"):
+        return environ[envvars.BINDING], environ.get(envvars.BINDING_REASON) or f"{envvars.BINDING} set"
+    if requested != "auto":
+        return decide_binding(requested, SharingEvidence())
+    return resolve_binding("auto", environ, topology or read_topology(allowed_from_cpuset=True, env=environ),
+                           measure=False)
+
+
 def plan_rank(info: LaunchInfo, environ: Mapping[str, str], topology: Topology | None = None,
               request: PlanRequest | None = None) -> tuple[Plan, RankPlan]:
     """This node's plan and this rank's share of it: the one planning path for `bind` and `corecpu.setup()`."""
-    if request is None:
-        request = PlanRequest(backend=plan_backend(environ))
-    # The launcher decides how many ranks exist; the plan can only make them fit.
-    request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
     if topology is None:
         topology = read_topology(allowed_from_cpuset=True, env=environ)
+    if request is None:
+        request = PlanRequest(backend=plan_backend(environ), binding=plan_binding(environ, topology=topology)[0])
+    # The launcher decides how many ranks exist; the plan can only make them fit.
+    request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
     plan = make_plan(topology, request)
     return plan, plan.ranks[info.local_rank]
 
@@ -44,15 +68,17 @@ def rank_environment(plan: Plan, rank: RankPlan, environ: Mapping[str, str]) -> 
     """`environ` plus what the plan sets for this rank (threads, affinity variables, allocator, notes)."""
     env = dict(environ)
     for key, value in plan.env.items():
-        if key.startswith("CCL_") and key in environ:
-            continue  # oneCCL settings the user exported (e.g. to try another transport) win over the plan's
+        if key.startswith(("CCL_", "I_MPI_WAIT_MODE")) and key in environ:
+            continue  # oneCCL and MPI wait settings the user exported (e.g. to compare) win over the plan's
         if key == "LD_PRELOAD":
             # Keep whatever the user preloads; ours first so the allocator wins.
             existing = [p for p in environ.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
             value = ":".join(dict.fromkeys(value.split(":") + existing))
         env[key] = value
     env["OMP_NUM_THREADS"] = str(rank.omp_num_threads)
-    env[envvars.BOUND_CPUS] = format_cpu_list(rank.cpus)
+    env[envvars.BOUND_CPUS] = format_cpu_list(rank.pin_cpus)
+    if rank.comm_cpu is not None:
+        env[envvars.COMM_CPU] = str(rank.comm_cpu)
     if plan.warnings or plan.notes:
         env[envvars.PLAN_NOTE] = "; ".join(plan.warnings + plan.notes)
     return env
@@ -61,14 +87,20 @@ def rank_environment(plan: Plan, rank: RankPlan, environ: Mapping[str, str]) -> 
 class NodePlan:
     """This node's plan for the rank `info` describes, computed on first use and then kept."""
 
-    def __init__(self, info: LaunchInfo, environ: Mapping[str, str]) -> None:
-        self.info, self.environ = info, environ
+    def __init__(self, info: LaunchInfo, environ: Mapping[str, str], binding: str = "auto") -> None:
+        self.info, self.environ, self.requested_binding = info, environ, binding
+
+    @functools.cached_property
+    def binding(self) -> tuple[str, str]:
+        """("core" | "numa", why): see plan_binding."""
+        return plan_binding(self.environ, self.requested_binding)
 
     @functools.cached_property
     def for_rank(self) -> tuple[Plan, RankPlan] | None:
         """(plan, this rank's share), or None when planning failed (said once on stderr)."""
         try:
-            return plan_rank(self.info, self.environ)
+            request = PlanRequest(backend=plan_backend(self.environ), binding=self.binding[0])
+            return plan_rank(self.info, self.environ, request=request)
         except Exception as exc:  # planning is an optimisation in a running rank, never a reason to stop
             print(f"corecpu: warning: could not plan CPU binding ({exc}); dividing cores evenly", file=sys.stderr)
             return None

@@ -9,17 +9,23 @@ allowed CPU left idle is named in a note with the reason.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 from corecpu.errors import CoreCPUError
 from corecpu import envvars
+from corecpu.cpu import busy_threads
 from corecpu.cpu.ccl_plan import ccl_environment
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
 from corecpu.cpu.topology import Topology
 
 KMP_AFFINITY = "granularity=fine,compact,1,0"
+# core: each rank pinned to its own cores (right when the CPUs are the job's alone).
+# numa: each rank may run anywhere on its NUMA node(s), with the same thread count: the scheduler can move
+# a rank off a core a neighbour's process landed on, instead of halving that rank and the whole job.
+BINDINGS = ("core", "numa")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class PlanRequest:
     use_logical_cores: bool = False
     numa_nodes: tuple[int, ...] | None = None  # restrict to these nodes
     allow_oversubscribe: bool = False  # more ranks than CPUs: 1 thread each, CPUs shared
+    binding: str = "core"  # one of BINDINGS
 
     @property
     def ccl_worker_count(self) -> int:
@@ -47,6 +54,13 @@ class RankPlan:
     ccl_worker_cpus: tuple[int, ...] = ()
     membind: tuple[str, ...] = ()  # command prefix, e.g. ("numactl", "--membind=0")
     cores: int = 0  # physical cores owned, CCL worker cores included
+    affinity: tuple[int, ...] = ()  # CPUs the rank may run on, when wider than `cpus` (numa binding)
+    comm_cpu: int | None = None  # a CPU no rank computes on, for the gradient all-reduce's spinning comm thread
+
+    @property
+    def pin_cpus(self) -> tuple[int, ...]:
+        """The affinity mask to set: `cpus`, or the wider set a numa binding allows."""
+        return self.affinity or self.cpus
 
     @property
     def numa_node(self) -> int | list[int]:
@@ -66,6 +80,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     oversubscribed: bool = False
+    binding_reason: str = ""  # why request.binding (the caller's decision, e.g. from corecpu.cpu.sharing)
 
     def to_json(self) -> dict:
         return {
@@ -77,12 +92,16 @@ class Plan:
                 "use_logical_cores": self.request.use_logical_cores,
                 "numa_nodes": list(self.request.numa_nodes) if self.request.numa_nodes else None,
                 "allow_oversubscribe": self.request.allow_oversubscribe,
+                "binding": self.request.binding,
             },
+            "binding_reason": self.binding_reason,
             "ranks": [
                 {
                     "rank": r.local_rank,
                     "cpus": r.cpulist,
                     "cpu_ids": list(r.cpus),
+                    "affinity": format_cpu_list(r.pin_cpus),
+                    "comm_cpu": r.comm_cpu,
                     "numa_node": r.numa_node,
                     "omp_num_threads": r.omp_num_threads,
                     "ccl_worker_cpus": list(r.ccl_worker_cpus),
@@ -99,7 +118,8 @@ class Plan:
 
     def to_shell(self) -> str:
         """`export` lines for the shared env; per-rank settings as comments (they differ by rank)."""
-        lines = [f"# corecpu plan: {len(self.ranks)} local rank(s)"]
+        lines = [f"# corecpu plan: {len(self.ranks)} local rank(s); binding {self.request.binding}"
+                 + (f" ({self.binding_reason})" if self.binding_reason else "")]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
         for r in self.ranks:
             prefix = " ".join(r.membind) or "(no memory binding)"
@@ -125,6 +145,8 @@ def pin_domain(ranks: tuple[RankPlan, ...]) -> str:
 
 def make_plan(topology: Topology, request: PlanRequest) -> Plan:
     workers = request.ccl_worker_count
+    if request.binding not in BINDINGS:
+        raise CoreCPUError(f"binding {request.binding!r} is not one of: {', '.join(BINDINGS)}")
     if workers < 0:
         raise CoreCPUError(f"--ccl-workers {workers} is negative; use 0 or more")
     if request.nproc != "auto" and (not isinstance(request.nproc, int) or request.nproc < 1):
@@ -185,8 +207,13 @@ def make_plan(topology: Topology, request: PlanRequest) -> Plan:
 
     trimmed = _apply_quota(groups, workers, logical, budget, request.allow_oversubscribe, notes)
     ranks, worker_siblings = _build_ranks(topology, groups, workers, logical)
+    if request.binding == "numa":
+        ranks = _widen_to_nodes(topology, ranks, allowed, logical, notes)
     busy = sum(r.omp_num_threads + len(r.ccl_worker_cpus) for r in ranks)
     env = _environment(topology, request, ranks, workers, throttled=budget is not None and busy > budget)
+    ranks = _place_comm_threads(topology, ranks, env, notes, budget)
+    if request.binding == "numa":
+        env["I_MPI_PIN_DOMAIN"] = "numa"  # masks must not overlap; a domain per NUMA node is the same choice
     _explain_idle(topology, request, ranks, allowed, nodes, trimmed, worker_siblings, notes)
     counts = [r.omp_num_threads for r in ranks]
     if len(set(counts)) > 1:
@@ -323,6 +350,46 @@ def _build_ranks(topology: Topology, groups: list[list[_Unit]], workers: int, lo
     return ranks, worker_siblings
 
 
+def _place_comm_threads(topology: Topology, ranks: list[RankPlan], env: dict[str, str],
+                        notes: list[str], budget: int | None = None) -> list[RankPlan]:
+    """Each rank's comm thread (the MPI or shared-memory gradient all-reduce spins on one) gets a free CPU of its
+    node where one exists; where none does, MPI's waits must sleep (I_MPI_WAIT_MODE=1) or they take the CPU the
+    backward pass is running on. gloo never spins, so the setting is harmless on that path."""
+    busy = sum(r.omp_num_threads + len(r.ccl_worker_cpus) for r in ranks) + len(ranks)
+    if budget is not None and busy > budget:
+        # A free CPU does not help under a CPU quota: one more spinning thread only gets the job throttled.
+        if "I_MPI_WAIT_MODE" not in env:
+            env["I_MPI_WAIT_MODE"] = "1"
+            notes.append(f"{busy} busy threads with comm threads, more than the CPU quota's {budget}: "
+                         "I_MPI_WAIT_MODE=1 so MPI waits sleep instead of spin")
+        return ranks
+    placed = []
+    for r in ranks:
+        choice = busy_threads.for_rank(topology, ranks, r, r.omp_num_threads, {})
+        if choice.wait_mode and "I_MPI_WAIT_MODE" not in env:
+            env["I_MPI_WAIT_MODE"] = choice.wait_mode
+            notes.append(f"rank {r.local_rank}: {choice.reason}")
+        placed.append(dataclasses.replace(r, comm_cpu=choice.cpu))
+    if any(r.comm_cpu is not None for r in placed):
+        notes.append("comm threads on CPUs nobody computes on: " + ", ".join(
+            f"rank {r.local_rank} -> {r.comm_cpu}" for r in placed if r.comm_cpu is not None))
+    return placed
+
+
+def _widen_to_nodes(topology: Topology, ranks: list[RankPlan], allowed: set[int], logical: bool,
+                    notes: list[str]) -> list[RankPlan]:
+    """numa binding: each rank's affinity becomes every usable CPU of its NUMA node(s), threads unchanged."""
+    usable = {c for core in topology.cores for c in (core.cpus if logical else core.cpus[:1]) if c in allowed}
+    widened = []
+    for r in ranks:
+        node_cpus = {c for n, cpus in topology.nodes if n in r.numa_nodes for c in cpus} & usable
+        widened.append(RankPlan(r.local_rank, r.cpus, r.numa_nodes, r.omp_num_threads, r.ccl_worker_cpus,
+                                r.membind, r.cores, tuple(sorted(node_cpus | set(r.cpus)))))
+    notes.append("numa binding: each rank may run on any CPU of its NUMA node, with its own thread count, so "
+                 "the scheduler can move it away from another process's busy core")
+    return widened
+
+
 def _environment(topology: Topology, request: PlanRequest, ranks: list[RankPlan], workers: int,
                  throttled: bool = False) -> dict[str, str]:
     env: dict[str, str] = {"I_MPI_PIN_DOMAIN": pin_domain(tuple(ranks))}
@@ -336,7 +403,13 @@ def _environment(topology: Topology, request: PlanRequest, ranks: list[RankPlan]
         env["CCL_WORKER_COUNT"] = str(workers)
         env["CCL_WORKER_AFFINITY"] = ",".join(str(c) for r in ranks for c in r.ccl_worker_cpus)
     libs = topology.libraries
-    if libs.iomp5:
+    if request.binding == "numa":
+        # OpenMP must not pin each thread to one place: that would undo the freedom the mask gives.
+        env["OMP_PROC_BIND"] = "false"
+        if libs.iomp5:
+            env["KMP_AFFINITY"] = "disabled"
+            env["KMP_BLOCKTIME"] = "1"
+    elif libs.iomp5:
         env["KMP_AFFINITY"] = KMP_AFFINITY
         env["KMP_BLOCKTIME"] = "1"
     else:
@@ -410,6 +483,10 @@ def add_request_arguments(parser: argparse.ArgumentParser, *, nproc_help: str | 
                        help="CCL worker threads per rank, each on one of the rank's cores (default: 1 with ccl, else 0)")
     group.add_argument("--use-logical-cores", action="store_true", help="compute on hyperthread siblings too")
     group.add_argument("--numa-nodes", metavar="LIST", default=None, help="use only these NUMA nodes, e.g. 0 or 0-1")
+    group.add_argument("--binding", choices=("auto", *BINDINGS), default=None,
+                       help="core: pin each rank to its own cores; numa: let it run on any CPU of its NUMA node; "
+                       "auto (default): core, with the evidence of sharing (busy CPUs, exclusive cpuset, "
+                       "whole-node Slurm job, Guaranteed pod) given as its reason")
     group.add_argument("--oversubscribe", action="store_true",
                        help="allow more ranks than CPUs (1 thread each, CPUs shared)")
 
@@ -434,7 +511,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         use_logical_cores=args.use_logical_cores,
         numa_nodes=nodes,
         allow_oversubscribe=args.oversubscribe,
+        binding=args.binding if args.binding in BINDINGS else "core",  # auto: the caller resolves it
     )
 
 
-__all__ = ["Plan", "PlanRequest", "RankPlan", "make_plan", "pin_domain", "add_request_arguments", "request_from_args"]
+__all__ = ["BINDINGS", "Plan", "PlanRequest", "RankPlan", "make_plan", "pin_domain", "add_request_arguments", "request_from_args"]

@@ -16,12 +16,13 @@ original set lost; `launcher_cpus` says so.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo
@@ -56,6 +57,7 @@ class ThreadDecision:
     threads: int
     bind_to: frozenset[int] | None  # CPUs to bind this process to in-process, if any
     reason: str
+    launcher_bound: bool = False  # another launcher (ipexrun, Intel MPI's pinning, numactl) chose the CPUs
 
 
 def thread_budget(env: Mapping[str, str], info: LaunchInfo, quota_threads: int | None) -> tuple[int | None, str]:
@@ -85,16 +87,18 @@ def decide_threads(
     info: LaunchInfo,
     planned_cpus: frozenset[int] | None,
     budget: tuple[int | None, str] = (None, ""),
+    planned_threads: int | None = None,
 ) -> ThreadDecision:
     """Pure. `unbound_set` is what an unbound process may use (container cpuset or all online CPUs);
-    `planned_cpus` is this rank's share from the topology plan, computed by the caller; `budget`
+    `planned_cpus` is this rank's affinity from the topology plan, computed by the caller, and
+    `planned_threads` its thread count (fewer than the CPUs under a numa binding); `budget`
     is thread_budget()'s answer, which caps every rule but an explicit --threads."""
     if requested > 0:
         return ThreadDecision(requested, None, "--threads")
-    decision = _decide_from_binding(env, affinity, unbound_set, info, planned_cpus)
+    decision = _decide_from_binding(env, affinity, unbound_set, info, planned_cpus, planned_threads)
     limit, why = budget
     if limit is not None and decision.threads > limit:
-        return ThreadDecision(limit, decision.bind_to, f"{decision.reason}; capped at {limit} by {why}")
+        return dataclasses.replace(decision, threads=limit, reason=f"{decision.reason}; capped at {limit} by {why}")
     return decision
 
 
@@ -104,17 +108,18 @@ def _decide_from_binding(
     unbound_set: frozenset[int],
     info: LaunchInfo,
     planned_cpus: frozenset[int] | None,
+    planned_threads: int | None = None,
 ) -> ThreadDecision:
     if env.get(BOUND_VAR):
         omp = env.get("OMP_NUM_THREADS", "")
         return ThreadDecision(int(omp) if omp.isdigit() and int(omp) > 0 else len(affinity), None, "bound by corecpu.bind")
     if affinity < unbound_set:
         # Someone (ipexrun, Intel MPI's pinning, numactl, taskset) gave this rank its own CPUs.
-        return ThreadDecision(len(affinity), None, f"launcher bound this rank to {len(affinity)} CPU(s)")
+        return ThreadDecision(len(affinity), None, f"launcher bound this rank to {len(affinity)} CPU(s)", True)
     if info.local_world_size == 1:
         return ThreadDecision(len(affinity), None, "only rank on this host")
     if planned_cpus:
-        return ThreadDecision(len(planned_cpus), planned_cpus, "planned and bound in-process")
+        return ThreadDecision(planned_threads or len(planned_cpus), planned_cpus, "planned and bound in-process")
     share = max(1, len(affinity) // info.local_world_size)
     return ThreadDecision(share, None, "cores divided by local ranks")
 
@@ -128,12 +133,13 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
     online = _online_cpus() or affinity
     cpuset = read_cpuset()
     unbound = frozenset(cpuset) if cpuset else online
-    planned = None
+    planned, planned_threads = None, None
     if requested <= 0 and not os.environ.get(BOUND_VAR) and not affinity < unbound and info.local_world_size > 1:
         share = (node or NodePlan(info, os.environ)).for_rank
-        planned = frozenset(share[1].cpus) if share else None
+        planned = frozenset(share[1].pin_cpus) if share else None
+        planned_threads = share[1].omp_num_threads if share else None
     budget = thread_budget(os.environ, info, quota_threads(read_cpu_quota()))
-    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned, budget)
+    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned, budget, planned_threads)
     if decision.bind_to:
         os.sched_setaffinity(0, decision.bind_to)
     os.environ["OMP_NUM_THREADS"] = str(decision.threads)
@@ -142,6 +148,21 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
 
     torch.set_num_threads(decision.threads)
     return decision
+
+
+def binding_of(decision: ThreadDecision, env: Mapping[str, str],
+               planned: Callable[[], tuple[str, str]]) -> dict[str, str]:
+    """{"binding": core|numa|launcher|none, "binding_reason": why} for the record. `planned()` is the node plan's
+    (binding, why), asked only when this process bound itself from it."""
+    if env.get(BOUND_VAR):
+        return {"binding": env.get(envvars.BINDING, "core"),
+                "binding_reason": env.get(envvars.BINDING_REASON, "corecpu.bind")}
+    if decision.bind_to:
+        binding, why = planned()
+        return {"binding": binding, "binding_reason": why}
+    if decision.launcher_bound:
+        return {"binding": "launcher", "binding_reason": decision.reason}
+    return {"binding": "none", "binding_reason": decision.reason}
 
 
 def _online_cpus() -> frozenset[int] | None:

@@ -120,11 +120,23 @@ class LengthGroupedDistributedSampler(ResumableDistributedSampler):
 
 class EvalShardSampler(ResumableDistributedSampler):
     """Each rank gets its true strided shard, padded with (index, valid=False) fillers to
-    ceil(N / world) items so every rank runs the same number of batches."""
+    ceil(N / world) items so every rank runs the same number of batches. With `lengths` the shard
+    runs longest first, so each batch pads to a width close to its examples' own (padding in
+    evaluation is pure waste); fillers stay last. Metrics are sums, and QA puts its logits back in
+    feature order, so the order changes no score."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int, rank: int, shuffle: bool, seed: int, batch_size: int,
+                 lengths: Sequence[int] | None = None) -> None:
+        super().__init__(dataset, num_replicas, rank, shuffle, seed, batch_size)
+        self.lengths = None if lengths is None else list(lengths)
 
     def _indices(self) -> list:
         n = len(self.dataset)  # type: ignore[arg-type]
-        real = [(i, True) for i in range(self.rank, n, self.num_replicas)]
+        shard = list(range(self.rank, n, self.num_replicas))
+        if self.lengths is not None:
+            lengths = self.lengths
+            shard.sort(key=lambda i: -lengths[i])  # stable: equal lengths keep their data order
+        real = [(i, True) for i in shard]
         return real + [(i % n, False) for i in range(self.num_samples - len(real))]
 
 

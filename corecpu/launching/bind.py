@@ -24,7 +24,7 @@ from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
-from corecpu.cpu.node_plan import plan_backend, plan_rank, rank_environment
+from corecpu.cpu.node_plan import plan_backend, plan_binding, plan_rank, rank_environment
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.errors import CoreCPUError, run_cli
@@ -68,6 +68,8 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     request = request_from_args(args)
     if args.backend is None:  # what the user asked the launcher for (./launch.sh 2 --backend ccl)
         request = replace(request, backend=plan_backend(environ))
+    binding, binding_reason = plan_binding(environ, args.binding or "auto")
+    request = replace(request, binding=binding)
     if request.nproc != "auto" and request.nproc != info.local_world_size and not info.launched:
         raise CoreCPUError(
             f"--nproc {request.nproc} but no launcher started this process, so it is 1 rank; "
@@ -91,6 +93,7 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     else:
         plan, rank = plan_rank(info, environ, topology, request)
     env = rank_environment(plan, rank, environ)
+    env[envvars.BINDING], env[envvars.BINDING_REASON] = binding, binding_reason  # recorded by corecpu.setup()
 
     messages = []
     if info.local_rank == 0:
@@ -101,7 +104,7 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
         if info.local_rank == 0:
             messages.append("corecpu.bind: numactl cannot set a memory policy here (no CAP_SYS_NICE?); memory not bound")
         prefix = []
-    return prefix + cmd, env, rank.cpus, messages
+    return prefix + cmd, env, rank.pin_cpus, messages
 
 
 def srun_bound(info: LaunchInfo, env: Mapping[str, str]) -> bool:

@@ -27,7 +27,8 @@ from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
 from corecpu.cpu.plan import PlanRequest, make_plan
-from corecpu.cpu.topology import detect_topology
+from corecpu.cpu.node_plan import resolve_binding
+from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.rank_logs import failure_summary
 
@@ -306,6 +307,14 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             raise CoreCPUError(problem)
         for w in plan.warnings:
             print(f"corecpu launch: warning: {w}", file=sys.stderr, flush=True)
+        if not req.hostfile and envvars.BINDING not in os.environ:
+            # Measured here, before any rank exists (their start-up would look like load). One host only: each
+            # host of a multi-host job decides in corecpu.bind from its own signs.
+            train = Path(req.script).name == "train.py" and not req.module
+            asked = (_script_option(req.script_args, "--binding") if train else None) or "auto"
+            topology = read_topology(allowed_from_cpuset=True, env=os.environ)
+            plan.env[envvars.BINDING], plan.env[envvars.BINDING_REASON] = resolve_binding(
+                asked, os.environ, topology, measure=not req.dry_run)
         env = {**os.environ, **plan.env}
         if req.dry_run:
             env = plan.env
@@ -318,7 +327,8 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             print("# command")
             print(shlex.join(plan.command))
             print(f"# this host's plan for {plan.local_ranks} local rank(s)")
-            request = PlanRequest(nproc=plan.local_ranks, allow_oversubscribe="--oversubscribe" in plan.command)
+            request = PlanRequest(nproc=plan.local_ranks, allow_oversubscribe="--oversubscribe" in plan.command,
+                                  binding=plan.env.get(envvars.BINDING, "core"))
             try:
                 sys.stdout.write(make_plan(detect_topology(), request).to_shell())
             except CoreCPUError as exc:  # the command above is still worth seeing

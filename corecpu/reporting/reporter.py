@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -22,7 +22,9 @@ from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
 from corecpu.compute.wrappers import unwrap
+from corecpu import envvars
 from corecpu.errors import CoreCPUError
+from corecpu.training.checkpoint_files import process_start
 from corecpu.training.run import Run
 from corecpu.training.schedule import StepStats
 from corecpu.training.steps import Step
@@ -45,6 +47,7 @@ class Reporter:
             self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step,
                                       open_trackers(trackers, self.out, config, rank=run.rank))
         self.started = time.perf_counter()
+        self.start_up_s: float | None = None  # launcher start to the training loop (set by start())
         self._interval = Throughput()
         self._timed_from: float | None = None  # the summary's throughput skips the first log interval (warm-up)
         self._timed_to: float | None = None
@@ -62,6 +65,8 @@ class Reporter:
 
     def start(self, step: int) -> None:
         """As the loop starts (after run.wrap(): the precision is settled): config.json, topology.json, progress."""
+        self.started = time.perf_counter()
+        self.start_up_s = seconds_since_launch()
         if self.main:
             self._write("config.json", {**self.config, "resolved": self.run.resolved(), "decisions": self.run.describe()})
             self._write("topology.json", {"ranks": self.reports})
@@ -148,6 +153,7 @@ class Reporter:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
                        "samples_per_s_after_warmup": self.samples_per_s, "ranks": views}
             self._write("summary.json", summary)
+            saving = time.perf_counter()
             final = self.out / "final"
             staging = self.out / ".final.tmp"
             shutil.rmtree(staging, ignore_errors=True)
@@ -158,6 +164,9 @@ class Reporter:
                 card(staging, summary)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(staging, final)
+            summary["phases"] = phase_split(self.start_up_s, elapsed, self.run.untimed_seconds,
+                                            time.perf_counter() - saving)
+            self._write("summary.json", summary)
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
         self.run.barrier()
@@ -166,6 +175,25 @@ class Reporter:
     def _write(self, name: str, obj: Any) -> None:
         # Strict JSON: a NaN or infinity becomes null rather than a bare NaN that JSON readers reject.
         (self.out / name).write_text(json.dumps(_finite(obj), indent=2, allow_nan=False))
+
+
+def seconds_since_launch(env: Mapping[str, str] = os.environ) -> float | None:
+    """Seconds since the launcher (corecpu launch / launch.sh, else this process) started, from /proc."""
+    pid = int(env[envvars.LAUNCHER_PID]) if env.get(envvars.LAUNCHER_PID, "").isdigit() else os.getpid()
+    ticks = process_start(pid) or process_start(os.getpid())
+    try:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - int(ticks) / os.sysconf("SC_CLK_TCK"), 2) if ticks else None
+    except (OSError, ValueError):
+        return None
+
+
+def phase_split(start_up: float | None, loop: float, untimed: Mapping[str, float], final_save: float) -> dict[str, Any]:
+    """Pure: where rank 0's wall time went, in seconds. `loop` is the training loop's time, which holds the
+    evaluations and checkpoint writes (`untimed`); steps are the rest of it."""
+    eval_s, ckpt_s = untimed.get("eval", 0.0), untimed.get("checkpoint", 0.0)
+    return {"start_up_s": start_up, "steps_s": round(loop - eval_s - ckpt_s - untimed.get("other", 0.0), 3),
+            "eval_s": round(eval_s, 3), "checkpoint_s": round(ckpt_s, 3), "final_save_s": round(final_save, 3)}
 
 
 def _finite(obj: Any) -> Any:

@@ -96,7 +96,7 @@ class Checkpoints:
             raise CoreCPUError(f"the model's weights are not finite at step {step.number} (training diverged); "
                                f"not saved{kept}; lower the learning rate or check the data")
         epoch, batches = step.position
-        with self._run.untimed(f"the checkpoint write of step {step.number}"):
+        with self._run.untimed(f"the checkpoint write of step {step.number}", kind="checkpoint"):
             path = checkpoint.save(self.output_dir, step=step.number, model=model, optimizer=optimizer,
                                    scheduler=scheduler, epoch=epoch, batches_in_epoch=batches,
                                    config=self.config, keep=self.keep)

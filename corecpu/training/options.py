@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corecpu.compute import IPEX_CHOICES, PRECISIONS
+from corecpu.cpu.sharing import BINDING_CHOICES
 from corecpu.distributed import ALLREDUCE_CHOICES, BACKENDS
 from corecpu.errors import CoreCPUError
 
@@ -36,6 +37,9 @@ class RunOptions:
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",
                     choices=IPEX_CHOICES)
     threads: int = opt(0, "compute threads per rank (0: this rank's cores, as bound by the launcher or planned here)")
+    binding: str = opt("auto", "core: pin each rank to its own cores; numa: let each rank run anywhere on its NUMA "
+                       "node (same threads); auto: core (measured no slower than numa, also beside a busy "
+                       "neighbour), with the evidence of sharing found at launch recorded", choices=BINDING_CHOICES)
     dist_timeout: float = opt(120.0, "seconds to wait for all ranks at start-up before failing with a clear error")
     step_timeout: float = opt(300.0, "after the first step, seconds without progress from any rank before the job "
                               "ends naming the ranks that stopped (raised to several times the slowest step seen)")

@@ -28,6 +28,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterator, MutableMapping, Sequence
 
@@ -72,6 +73,7 @@ class _Late:
     store: Any = None  # the rendezvous store: the watchdog's heartbeats go there
     watchdog: Any = None
     step: int = 0  # the optimizer step the loop body is performing (run.steps() keeps it), for messages
+    untimed_seconds: dict[str, float] = field(default_factory=dict)  # time spent per kind of untimed phase
     closers: list[Callable[[], None]] = field(default_factory=list)
     closed: bool = False
 
@@ -92,6 +94,8 @@ class Run:
     ipex: Extension | None  # None: not asked for (ipex="off")
     master: str  # "host:port" of the rendezvous, "" for one process
     bindings: tuple[dict[str, Any], ...] = ()  # every rank's CPUs and threads, as seen inside it (topology.json)
+    binding: str = "none"  # "core" | "numa" (corecpu pinned the rank), "launcher" (someone else did) or "none"
+    binding_reason: str = ""
     _late: _Late = field(default_factory=_Late, repr=False, compare=False)
     _node: NodePlan | None = field(default=None, repr=False, compare=False)
 
@@ -142,6 +146,7 @@ class Run:
             "precision": f"{p.name} ({p.reason})" if p else f"{self.options.precision} (settled when the model is wrapped)",
             "threads": f"{self.threads} ({self.threads_reason})",
             "cpus": format_cpu_list(self.cpus),
+            "binding": f"{self.binding} ({self.binding_reason})",
             "ipex": ("off" if self.ipex is None else
                      f"{'ipex.optimize' if self.ipex.usable else 'not used'} ({self.ipex.reason})"),
             "compile": "torch.compile" if self.options.compile else "off",
@@ -162,7 +167,8 @@ class Run:
         p = self._late.precision
         return {"backend": self.backend, "allreduce": self.allreduce, "threads": self.threads,
                 "precision": p.name if p else None, "bf16_speedup": p.bf16_speedup if p else None,
-                "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size}
+                "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size,
+                "binding": self.binding}
 
     # ------------------------------------------------------------ model
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, *,
@@ -257,12 +263,14 @@ class Run:
         self._late.shape_hint = loader.corecpu_shape
         return loader
 
-    def eval_loader(self, dataset: Dataset, batch_size: int, *, collate_fn: Callable | None = None) -> DataLoader:
+    def eval_loader(self, dataset: Dataset, batch_size: int, *, collate_fn: Callable | None = None,
+                    lengths: Sequence[int] | None = None) -> DataLoader:
         """Evaluation: each rank its strided shard, no duplicates counted. Every rank runs the same number of
-        batches; filler items carry valid=False (weight metrics by it) and all-reduce the sums."""
+        batches; filler items carry valid=False (weight metrics by it) and all-reduce the sums. With `lengths`
+        (tokens per example) each shard runs longest first, so batches carry little padding."""
         if batch_size < 1:
             raise CoreCPUError(f"batch_size must be at least 1, got {batch_size}")
-        sampler = EvalShardSampler(dataset, self.world_size, self.rank, False, 0, batch_size)
+        sampler = EvalShardSampler(dataset, self.world_size, self.rank, False, 0, batch_size, lengths)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn)
 
     def steps(self, loader: DataLoader, *, epochs: int | None = None, max_steps: int = 0, grad_accum: int = 1) -> Steps:
@@ -284,7 +292,7 @@ class Run:
         model.eval()
         try:
             at = f" at step {self._late.step}" if self._late.step else ""
-            with self.untimed(f"evaluation{at}"), torch.no_grad():
+            with self.untimed(f"evaluation{at}", kind="eval"), torch.no_grad():
                 yield
         finally:
             model.train()
@@ -349,10 +357,24 @@ class Run:
             self._late.closers.append(self._late.watchdog.stop)
         return self._late.watchdog
 
-    def untimed(self, phase: str) -> ContextManager:
+    @contextlib.contextmanager
+    def untimed(self, phase: str, kind: str = "other") -> Iterator[None]:
         """A phase no step predicts (evaluation, a checkpoint write): the watchdog does not time it, but a
-        rank that stops during it (its heartbeat stands still) is still named and the job ended."""
-        return self._late.watchdog.paused(phase) if self._late.watchdog is not None else contextlib.nullcontext()
+        rank that stops during it (its heartbeat stands still) is still named and the job ended. Its duration
+        is added to `untimed_seconds[kind]`, for the run's phase split in summary.json."""
+        paused = self._late.watchdog.paused(phase) if self._late.watchdog is not None else contextlib.nullcontext()
+        start = time.perf_counter()
+        try:
+            with paused:
+                yield
+        finally:
+            spent = self._late.untimed_seconds
+            spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - start
+
+    @property
+    def untimed_seconds(self) -> dict[str, float]:
+        """Seconds spent so far in untimed phases, by kind ("eval", "checkpoint", ...)."""
+        return dict(self._late.untimed_seconds)
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call `fn` when the run closes (last registered, first called), whatever ends it."""
@@ -422,7 +444,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     cpus, warning = _threads.launcher_cpus(env)
     if warning:
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
-    node = NodePlan(info, env)  # computed on first use, then shared by threads and the MPI all-reduce
+    node = NodePlan(info, env, opts.binding)  # computed on first use, then shared by threads and the MPI all-reduce
     # Binding first: threads started later (the watchers below, gloo's, OpenMP's) inherit the rank's CPUs.
     decision = _threads.configure_threads(info, opts.threads, cpus, node)
     if info.rank == 0 and (warning := _threads.threads_warning(opts.threads, decision.bind_to or cpus)):
@@ -439,7 +461,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),
                   allreduce=path, allreduce_reason=path_reason, ipex=_ipex.wanted(opts.ipex),
                   master=f"{pg.master_addr}:{pg.master_port}" if pg.master_addr else "", bindings=bindings,
-                  _node=node)
+                  _node=node, **_threads.binding_of(decision, env, lambda: node.binding))
         run._late.store = pg.store
         if graceful_stop:
             run._late.closers.append(preempt.uninstall)

@@ -43,6 +43,7 @@ def test_kernel_and_cpuid_flags_are_merged_by_the_rules(tmp_path, monkeypatch):
     # does not print, and amx_bf16, which the kernel hides (no AMX permission) and so must not count.
     path = tmp_path / "cpuinfo"
     path.write_text("processor\t: 0\nmodel name\t: Kernel CPU\nflags\t\t: fpu avx512f amx_tile\n")
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))  # CPUID's answer is cached per boot
     fake_cpuinfo_lib(monkeypatch, ["fpu", "avx512_bf16", "amx_bf16"])
     feats = read_cpu_features(path)
     assert feats.model_name == "Kernel CPU"
@@ -52,5 +53,28 @@ def test_kernel_and_cpuid_flags_are_merged_by_the_rules(tmp_path, monkeypatch):
     alone = read_cpu_features(tmp_path / "missing")
     assert alone.flags == {"fpu", "avx512_bf16", "amx_bf16"} and alone.model_name == "Lib Brand CPU"
     # A py-cpuinfo that fails leaves the kernel's flags.
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(sys.modules["cpuinfo"], "get_cpu_info", lambda: 1 / 0)
     assert read_cpu_features(path).flags == {"fpu", "avx512f", "amx_tile"}
+
+
+def test_cpuid_flags_are_read_once_per_boot(tmp_path, monkeypatch):
+    import corecpu.cpu.hardware as hw
+
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    boot = tmp_path / "boot_id"
+    boot.write_text("b1\n")
+    calls = []
+
+    class FakeCpuinfo:
+        @staticmethod
+        def get_cpu_info():
+            calls.append(1)
+            return {"brand_raw": "Fake Xeon", "flags": ["avx512_bf16", "sse2"]}
+
+    monkeypatch.setitem(__import__("sys").modules, "cpuinfo", FakeCpuinfo)
+    first = hw._cpuid_flags(boot)
+    assert first == ("Fake Xeon", frozenset({"avx512_bf16", "sse2"})) and len(calls) == 1
+    assert hw._cpuid_flags(boot) == first and len(calls) == 1  # the cache answered
+    boot.write_text("b2\n")  # a reboot (or another machine sharing the home directory's cache)
+    assert hw._cpuid_flags(boot) == first and len(calls) == 2

@@ -262,8 +262,28 @@ def test_to_json_shape(topos):
     assert {"machine", "ranks", "env", "notes", "warnings", "request"} <= set(data)
     r0 = data["ranks"][0]
     assert r0 == {"rank": 0, "cpus": "0-2", "cpu_ids": [0, 1, 2], "numa_node": [0, 1], "omp_num_threads": 3,
-                  "ccl_worker_cpus": [3], "cores": 4, "membind": ""}
+                  "ccl_worker_cpus": [3], "cores": 4, "membind": "", "affinity": "0-2", "comm_cpu": 8}
     assert data["machine"]["numa_nodes"] == {"0": "0-1,8-9", "1": "2-3,10-11", "2": "4-5,12-13", "3": "6-7,14-15"}
+
+
+def test_numa_binding_widens_each_rank_to_its_node_with_the_same_threads(topos):
+    t = topos["two_socket"]
+    tight, loose = make_plan(t, PlanRequest(nproc=4)), make_plan(t, PlanRequest(nproc=4, binding="numa"))
+    assert [r.cpus for r in loose.ranks] == [r.cpus for r in tight.ranks]
+    assert [r.omp_num_threads for r in loose.ranks] == [r.omp_num_threads for r in tight.ranks]
+    node_of = {c: n for n, cpus in t.nodes for c in cpus}
+    primaries = {core.cpus[0] for core in t.cores}
+    for r in loose.ranks:
+        assert set(r.cpus) < set(r.pin_cpus)  # wider than its own cores, never across nodes or onto siblings
+        assert {node_of[c] for c in r.pin_cpus} == set(r.numa_nodes) and set(r.pin_cpus) <= primaries
+    assert [r.pin_cpus for r in tight.ranks] == [r.cpus for r in tight.ranks]
+    # OpenMP must not re-pin each thread to a place, and Intel MPI's domains must not overlap.
+    assert loose.env["OMP_PROC_BIND"] == "false" and "OMP_PLACES" not in loose.env
+    assert loose.env["I_MPI_PIN_DOMAIN"] == "numa" and tight.env["OMP_PROC_BIND"] == "close"
+    assert any("numa binding" in n for n in loose.notes)
+    assert loose.to_json()["request"]["binding"] == "numa"
+    with pytest.raises(CoreCPUError, match="binding 'loose' is not one of: core, numa"):
+        make_plan(t, PlanRequest(binding="loose"))
 
 
 # ---------------------------------------------------------------- validation messages
@@ -401,10 +421,23 @@ def test_quota_below_rank_count_turns_off_mpi_busy_polling(roots, tmp_path):
     t = topo(roots["two_socket"], cgroup_root=cg, proc_self_cgroup=proc)
     throttled = make_plan(t, PlanRequest(nproc=3, allow_oversubscribe=True))
     assert not throttled.oversubscribed and throttled.env["I_MPI_WAIT_MODE"] == "1"
-    fits = make_plan(t, PlanRequest(nproc=2))
-    assert "I_MPI_WAIT_MODE" not in fits.env
+    # 2 ranks x 1 core + 2 comm threads: 4 busy threads against a quota of 2.5 CPUs.
+    comm = make_plan(t, PlanRequest(nproc=2))
+    assert comm.env["I_MPI_WAIT_MODE"] == "1" and all(r.comm_cpu is None for r in comm.ranks)
+    roomy_cg, roomy_proc = make_cgroup(tmp_path / "roomy", 16)
+    roomy = make_plan(topo(roots["two_socket"], cgroup_root=roomy_cg, proc_self_cgroup=roomy_proc), PlanRequest(nproc=2))
+    assert "I_MPI_WAIT_MODE" not in roomy.env
 
 
-def test_plan_that_fits_keeps_mpi_polling(topos):
-    for name in ("two_socket", "single_core"):
-        assert "I_MPI_WAIT_MODE" not in make_plan(topos[name], PlanRequest(nproc=1, allow_oversubscribe=True)).env
+def test_a_free_cpu_for_the_comm_thread_keeps_mpi_polling(topos):
+    # Hyperthread siblings nobody computes on: each rank's comm thread spins on one of its own node.
+    plan = make_plan(topos["two_socket"], PlanRequest(nproc=2))
+    assert "I_MPI_WAIT_MODE" not in plan.env
+    assert [r.comm_cpu for r in plan.ranks] == [8, 12] and any("rank 1 -> 12" in n for n in plan.notes)
+
+
+def test_a_comm_thread_without_a_cpu_of_its_own_makes_mpi_waits_sleep(topos):
+    # One core per rank and nothing spare (no siblings): compute and a spinning comm thread would share it.
+    plan = make_plan(topos["single_core"], PlanRequest(nproc=1))
+    assert plan.env["I_MPI_WAIT_MODE"] == "1" and plan.ranks[0].comm_cpu is None
+    assert any("2 busy threads (1 compute + 1 comm) on 1 CPU(s)" in n for n in plan.notes)

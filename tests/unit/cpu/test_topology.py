@@ -259,7 +259,8 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def test_cli_plan_json(machines, capsys):
     root = machines["two_socket"]
-    code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--json"], capsys)
+    code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--json",
+                            "--binding", "core"], capsys)
     assert code == 0
     data = json.loads(out)
     assert {"machine", "ranks", "env", "notes"} <= set(data)
@@ -273,7 +274,7 @@ def test_cli_plan_json(machines, capsys):
 def test_cli_plan_export_is_valid_sh(machines, capsys, tmp_path):
     root = machines["alternate"]
     code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--export",
-                            "--backend", "ccl"], capsys)
+                            "--backend", "ccl", "--binding", "core"], capsys)
     assert code == 0
     script = tmp_path / "plan.sh"
     script.write_text(out)
@@ -286,10 +287,23 @@ def test_cli_plan_export_is_valid_sh(machines, capsys, tmp_path):
 
 def test_cli_plan_tables(machines, capsys):
     root = machines["two_socket"]
-    code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--nproc", "4"], capsys)
+    code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--nproc", "4",
+                            "--binding", "core"], capsys)
     assert code == 0
-    for text in ("Machine", "Ranks", "Environment", "[0x3,0xc,0x30,0xc0]", "8480+", "left idle"):
+    for text in ("Machine", "Ranks", "Environment", "[0x3,0xc,0x30,0xc0]", "8480+", "left idle", "binding: core"):
         assert text in out
+
+
+def test_cli_plan_binding_auto_without_evidence_is_per_core_and_says_why(machines, capsys):
+    # A --sysfs tree is another machine: its load is not sampled, and it shows no sign either way.
+    root = machines["two_socket"]
+    code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--json"], capsys)
+    data = json.loads(out)
+    assert code == 0 and data["request"]["binding"] == "core" and data["binding_reason"].startswith("no sign")
+    code, out, _ = run_cli(["plan", "--sysfs", str(root), "--cpuinfo", str(root / "cpuinfo"), "--json", "--nproc", "4",
+                            "--binding", "numa"], capsys)
+    data = json.loads(out)
+    assert data["env"]["I_MPI_PIN_DOMAIN"] == "numa" and data["ranks"][0]["affinity"] == "0-3"
 
 
 def test_cli_errors_are_one_line(machines, capsys):

@@ -321,3 +321,19 @@ def test_a_two_megabyte_tsv_field_loads(tmp_path):
     path.write_text(f"text\tlabel\n{long}\tpos\nshort\tneg\n")
     data = load_file(path)
     assert data.texts[0].split() == long.split() and data.texts[1] == "short"
+
+
+def test_eval_by_length_runs_each_shard_longest_first_with_fillers_last() -> None:
+    from corecpu.data.sampling import EvalShardSampler
+
+    lengths = [5, 30, 12, 30, 8, 40, 3]
+    for world in (1, 2, 3):
+        shards = [list(EvalShardSampler(range(7), world, r, False, 0, 2, lengths)) for r in range(world)]
+        assert len({len(s) for s in shards}) == 1  # every rank runs the same number of batches
+        valid = [i for s in shards for i, ok in s if ok]
+        assert sorted(valid) == list(range(7))  # each example once
+        for r, s in enumerate(shards):
+            real = [i for i, ok in s if ok]
+            assert real == sorted(range(r, 7, world), key=lambda i: -lengths[i])
+            assert all(ok for _, ok in s[:len(real)])  # fillers only after the real items
+    assert [i for i, _ in EvalShardSampler(range(7), 1, 0, False, 0, 2)] == list(range(7))  # no lengths: data order

@@ -37,6 +37,8 @@ def ompi(local_rank: int, local_size: int, **extra: str) -> dict[str, str]:
         "OMPI_COMM_WORLD_LOCAL_SIZE": str(local_size),
         # As launch.sh says it for train.py: otherwise "auto" would plan for ccl wherever the bindings are built.
         "CORECPU_BACKEND": "gloo",
+        # As launch.sh says it on an idle machine (a fake tree shows no sign of exclusivity: it would be numa).
+        "CORECPU_BINDING": "core",
     }
     env.update(extra)
     return env
@@ -51,6 +53,20 @@ def test_each_local_rank_gets_its_slice(two_socket):
         assert env["CORECPU_BOUND_CPUS"] == f"{cpus[0]}-{cpus[-1]}"
         assert env["I_MPI_PIN_DOMAIN"] == "[0xf,0xf0]"
         assert messages == []
+
+
+def test_a_numa_binding_lets_a_rank_move_within_its_node(two_socket):
+    env = ompi(0, 4)
+    del env["CORECPU_BINDING"]
+    _, out, pinned, _ = prepare(["--sysfs", str(two_socket), "--binding", "numa", *CMD], env)
+    assert pinned == (0, 1, 2, 3) and out["OMP_NUM_THREADS"] == "2"  # node 0's cores; its own share of threads
+    assert out["CORECPU_BINDING"] == "numa" and out["CORECPU_BINDING_REASON"] == "requested"
+    assert out["OMP_PROC_BIND"] == "false"
+    _, core, pinned, _ = prepare(["--sysfs", str(two_socket), *CMD], env)  # auto, no evidence: per core
+    assert pinned == (0, 1) and core["CORECPU_BINDING"] == "core" and core["CORECPU_BINDING_REASON"].startswith("no sign")
+    _, told, _, _ = prepare(["--sysfs", str(two_socket), *CMD], {**env, "CORECPU_BINDING": "numa",
+                                                                   "CORECPU_BINDING_REASON": "launch.sh said so"})
+    assert told["CORECPU_BINDING_REASON"] == "launch.sh said so"  # the launcher's decision and its reason carry on
 
 
 def test_plan_options_pass_through(two_socket):
@@ -161,7 +177,7 @@ def test_exec_pins_the_real_process():
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_exec_second_local_rank_gets_second_cpu():
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CORECPU_BINDING": "core"}
     result = run_bound(["--allowed-cpus", f"{cpus[0]},{cpus[1]}", "--no-membind"], torchrun)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f'[[{cpus[1]}], "1", "{cpus[1]}"]'
