@@ -18,9 +18,7 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import statistics
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corecpu import envvars
+from corecpu import cachefile, envvars
 from corecpu.compute import PRECISIONS
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import CpuFeatures
@@ -272,9 +270,6 @@ def measure_bf16_speedup(shapes: CalibrationShapes, threads: int, budget_s: floa
 
 # ---------------------------------------------------------------- cache
 
-_warned_unwritable = False
-
-
 def cache_key(features: CpuFeatures, torch_version: str, threads: int, shapes: CalibrationShapes) -> str:
     """Readable and unique: a ratio measured for one CPU, torch, thread count and model shape."""
     flags = ",".join(f for f in KEY_FLAGS if f in features.flags)
@@ -285,13 +280,7 @@ def cache_key(features: CpuFeatures, torch_version: str, threads: int, shapes: C
 
 def read_cache(path: Path) -> dict[str, dict[str, Any]]:
     """Entries by key; a missing, unreadable or corrupt file reads as empty (it is rewritten on the next store)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
-        return {}
-    return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+    return cachefile.read_entries(path, CACHE_VERSION)
 
 
 def cached_speedup(path: Path, key: str) -> float | None:
@@ -308,27 +297,7 @@ def cached_speedup(path: Path, key: str) -> float | None:
 
 def store_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
     """Add one entry atomically (temp file + rename); an unwritable directory warns once and returns False."""
-    global _warned_unwritable
-    entries = read_cache(path)
-    entries[key] = entry
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=2, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        if not _warned_unwritable:
-            _warned_unwritable = True
-            warnings.warn(f"corecpu: not caching the precision calibration in {path.parent} ({exc.strerror or exc}); "
-                          f"it will be measured again next run (set {envvars.CACHE_DIR} to a writable directory)",
-                          RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    return cachefile.store_entry(path, CACHE_VERSION, key, entry, what="the precision calibration")
 
 
 # ---------------------------------------------------------------- I/O: the whole decision

@@ -213,7 +213,9 @@ def test_cache_dir_that_is_a_file_warns_once_and_still_decides(tmp_path, monkeyp
 
 
 def _unwritable_case(directory, monkeypatch):
-    monkeypatch.setattr(prec, "_warned_unwritable", False)
+    from corecpu import cachefile
+
+    monkeypatch.setattr(cachefile, "_warned", set())
     monkeypatch.setenv("CORECPU_CACHE_DIR", str(directory))
     with pytest.warns(RuntimeWarning, match="not caching"):
         choice = resolve_precision("auto", ZEN, SHAPES, 1, measure=FakeMeasure(1.5))

@@ -1,0 +1,58 @@
+"""One small JSON file of measured results by key, under corecpu's cache directory, written atomically.
+
+The precision calibration (precision.json) and the all-reduce timing (allreduce.json) keep their
+measurements here. A missing, unreadable, corrupt or older-version file reads as empty and is
+rewritten by the next store; an unwritable directory warns once per file and the value is simply
+measured again next run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from corecpu import envvars
+
+_warned: set[Path] = set()
+
+
+def read_entries(path: Path, version: int) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != version or not isinstance(data.get("entries"), dict):
+        return {}
+    return {k: v for k, v in data["entries"].items() if isinstance(v, dict)}
+
+
+def store_entry(path: Path, version: int, key: str, entry: dict[str, Any], what: str) -> bool:
+    """Add one entry (temp file + rename). `what` names the measurement in the one warning an unwritable
+    directory gets. Returns whether it was stored."""
+    entries = read_entries(path, version)
+    entries[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": version, "entries": entries}, f, indent=2, sort_keys=True)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        if path not in _warned:
+            _warned.add(path)
+            warnings.warn(f"corecpu: not caching {what} in {path.parent} ({exc.strerror or exc}); it will be "
+                          f"measured again next run (set {envvars.CACHE_DIR} to a writable directory)",
+                          RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+__all__ = ["read_entries", "store_entry"]

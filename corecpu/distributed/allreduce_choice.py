@@ -1,0 +1,96 @@
+"""`--allreduce auto` by measurement: time each usable gradient path on this job's own ranks, keep the fastest.
+
+Which path is fastest depends on the machine (gloo's TCP loopback, Intel MPI's shared-memory ring,
+DeepSpeed's shared-memory op, oneCCL) and on how busy it is, so no CPU flag can say. At start-up
+every rank all-reduces one gradient bucket (DDP's default 25 MB of fp32) through each candidate,
+interleaved, a few times; the path whose slowest rank's median is lowest wins, so a path that
+measured slower is never picked. The answer is cached per CPU model, world size, ranks per host,
+threads and candidate set (in ~/.cache/corecpu/allreduce.json, read by rank 0 and shared), so
+only the first run on a kind of machine pays the ~1 s.
+
+`pick` is pure; `measure` runs collectives given one callable per path.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from corecpu import cachefile, envvars
+from corecpu.errors import CoreCPUError
+
+if TYPE_CHECKING:
+    import torch
+
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: what one gradient all-reduce moves
+REPEATS = 3
+CACHE_FILE = "allreduce.json"
+CACHE_VERSION = 1
+
+
+def pick(timings: Sequence[Mapping[str, float]], order: Sequence[str]) -> tuple[str, str]:
+    """Pure. `timings[rank][path]`: that rank's median ms. The lowest worst-rank time wins; a tie keeps `order`."""
+    if not order:
+        raise CoreCPUError("no gradient all-reduce path to choose from")
+    missing = sorted({p for p in order for t in timings if p not in t})
+    if missing:
+        raise CoreCPUError(f"no timing for {', '.join(missing)} on every rank; the ranks disagree on the candidates")
+    worst = {p: max(t[p] for t in timings) for p in order}
+    best = min(order, key=lambda p: (worst[p], order.index(p)))
+    text = ", ".join(f"{p} {worst[p]:.1f} ms" for p in sorted(order, key=lambda p: worst[p]))
+    return best, f"measured one {BUCKET_BYTES >> 20} MB bucket: {text}"
+
+
+def measure(paths: Mapping[str, Callable[["torch.Tensor"], None]], barrier: Callable[[], None],
+            numel: int = BUCKET_BYTES // 4, repeats: int = REPEATS) -> dict[str, float]:
+    """Collective: median ms of one blocking all-reduce per path, interleaved, after one untimed warm-up each."""
+    import torch
+
+    buf = torch.ones(numel, dtype=torch.float32)
+    times: dict[str, list[float]] = {p: [] for p in paths}
+    for round_ in range(repeats + 1):
+        for name, allreduce in paths.items():
+            barrier()  # every rank starts together: the time is the collective's, not a late rank's
+            start = time.perf_counter()
+            allreduce(buf)
+            if round_:
+                times[name].append((time.perf_counter() - start) * 1000)
+    return {p: statistics.median(v) for p, v in times.items()}
+
+
+def cache_key(cpu_model: str, world_size: int, local_size: int, threads: int, candidates: Sequence[str],
+              torch_version: str) -> str:
+    return (f"{cpu_model} | world {world_size} | {local_size} per host | {threads} threads | "
+            f"{'+'.join(sorted(candidates))} | torch {torch_version}")
+
+
+def cached(key: str) -> dict[str, Any] | None:
+    entry = cachefile.read_entries(envvars.cache_dir() / CACHE_FILE, CACHE_VERSION).get(key)
+    if entry and isinstance(entry.get("choice"), str) and isinstance(entry.get("timings"), list):
+        return entry
+    return None
+
+
+def remember(key: str, choice: str, timings: Sequence[Mapping[str, float]]) -> None:
+    cachefile.store_entry(envvars.cache_dir() / CACHE_FILE, CACHE_VERSION, key,
+                          {"choice": choice, "timings": [dict(t) for t in timings]}, what="the all-reduce timing")
+
+
+def choose_by_measurement(paths: Mapping[str, Callable[["torch.Tensor"], None]], key: str, rank: int,
+                          gather: Callable[[Any], list[Any]], broadcast: Callable[[Any], Any],
+                          barrier: Callable[[], None]) -> tuple[str, str]:
+    """Collective. Rank 0's cache entry for `key`, if any, else a fresh measurement on every rank (then cached)."""
+    entry = broadcast(cached(key) if rank == 0 else None)
+    order = list(paths)
+    if entry is not None and set(entry["timings"][0]) == set(order):
+        choice, why = pick(entry["timings"], order)
+        return choice, why + " (cached)"
+    timings = gather(measure(paths, barrier))
+    choice, why = pick(timings, order)
+    if rank == 0:
+        remember(key, choice, timings)
+    return choice, why
+
+
+__all__ = ["BUCKET_BYTES", "cache_key", "choose_by_measurement", "measure", "pick"]

@@ -1,0 +1,47 @@
+"""`--allreduce auto` by measurement: the pure pick, the cache, and the collective protocol with fake ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from corecpu.distributed import allreduce_choice as ac
+from corecpu.errors import CoreCPUError
+
+
+def test_the_path_whose_slowest_rank_is_fastest_wins() -> None:
+    # MPI is faster on rank 0 but slow on rank 1: the step waits for rank 1, so gloo's worst case wins.
+    timings = [{"gloo": 30.0, "mpi": 10.0}, {"gloo": 31.0, "mpi": 40.0}]
+    choice, why = ac.pick(timings, ["gloo", "mpi"])
+    assert choice == "gloo" and why == "measured one 25 MB bucket: gloo 31.0 ms, mpi 40.0 ms"
+    assert ac.pick([{"gloo": 5.0, "shm": 5.0}], ["shm", "gloo"])[0] == "shm"  # a tie keeps the given order
+
+
+def test_pick_refuses_missing_or_no_candidates() -> None:
+    with pytest.raises(CoreCPUError, match="no timing for mpi"):
+        ac.pick([{"gloo": 1.0}, {"gloo": 1.0, "mpi": 1.0}], ["gloo", "mpi"])
+    with pytest.raises(CoreCPUError, match="no gradient all-reduce path"):
+        ac.pick([], [])
+
+
+def test_measure_interleaves_paths_and_skips_the_warm_up() -> None:
+    calls: list[str] = []
+    barriers = []
+    timings = ac.measure({"a": lambda t: calls.append("a"), "b": lambda t: calls.append("b")},
+                         barrier=lambda: barriers.append(1), numel=4, repeats=2)
+    assert calls == ["a", "b"] * 3 and len(barriers) == 6 and set(timings) == {"a", "b"}
+
+
+def test_the_first_run_measures_and_caches_the_next_reads(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path))
+    measured: list[int] = []
+    monkeypatch.setattr(ac, "measure", lambda paths, barrier: measured.append(1) or {"gloo": 30.0, "mpi": 19.0})
+    key = ac.cache_key("Xeon", 2, 2, 1, ["mpi", "gloo"], "2.13.0")
+    one_rank = dict(rank=0, gather=lambda x: [x, x], broadcast=lambda x: x, barrier=lambda: None)
+    paths = {"gloo": None, "mpi": None}
+    assert ac.choose_by_measurement(paths, key, **one_rank) == ("mpi", "measured one 25 MB bucket: mpi 19.0 ms, "
+                                                                       "gloo 30.0 ms")
+    choice, why = ac.choose_by_measurement(paths, key, **one_rank)
+    assert (choice, why.endswith("(cached)"), len(measured)) == ("mpi", True, 1)
+    # Another candidate set (shm became available) is another key: measured afresh.
+    other = ac.cache_key("Xeon", 2, 2, 1, ["mpi", "gloo", "shm"], "2.13.0")
+    assert other != key and ac.cached(other) is None
