@@ -44,6 +44,7 @@ SCRIPT.py and everything after it: the training script and its arguments; `train
 TRAIN = "train"
 TRAIN_MODULE = "corecpu.train"
 DEFAULT_MULTIHOST_PORT = 29500
+TORCHRUN_MODULE = "corecpu.launching.torchrun"  # torchrun with its stores on loopback
 
 
 @dataclass
@@ -209,9 +210,11 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         cmd += bind + script
     else:
         env["OMP_NUM_THREADS"] = "1"  # corecpu.bind replaces it per rank; this silences torchrun's notice
-        torchrun = str(Path(python).parent / "torchrun")
-        cmd = [torchrun if Path(torchrun).exists() else "torchrun", "--standalone", "--nproc-per-node",
-               str(req.nranks), "--no-python", *bind, *script]
+        # As --standalone (one node, a free port, a fresh rendezvous id), but every store on loopback:
+        # torchrun through corecpu.launching.torchrun, whose stores for a loopback address listen there.
+        cmd = [python, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               "127.0.0.1:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", "127.0.0.1",
+               "--nproc-per-node", str(req.nranks), "--no-python", *bind, *script]
     return LaunchPlan(cmd, env, local, warnings)
 
 

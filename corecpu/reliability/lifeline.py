@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.envvars import LAUNCHER_PID as LAUNCHER_PID_VAR
 from corecpu.reliability import preempt
 
@@ -136,7 +137,9 @@ def _say(line: str) -> None:
 def install(env: Mapping[str, str] | None = None, launched: bool = True) -> None:
     """For a rank: die with the process that started it and with launch.sh. `launched`: a launcher
     (not a person's shell) is our parent; PDEATHSIG is set only then, so `nohup python train.py &`
-    survives its shell."""
+    survives its shell. A rank hydra started without corecpu.bind stops the proxy's 0.0.0.0 listener it
+    inherited (corecpu.cluster.listeners)."""
+    close_inherited_wildcard_listeners(env)
     if launched and parent_death_signal() == 0:
         die_with_parent()
     watch_launcher(env)

@@ -1,0 +1,86 @@
+"""torchrun whose stores listen on loopback when their address is a loopback one.
+
+    python -m corecpu.launching.torchrun [torchrun's options] CMD ...
+
+torch's TCPStore server binds every interface (`*`, IPv4 and IPv6) whatever host name it is
+given, so plain `torchrun --standalone` (or `--rdzv-endpoint 127.0.0.1:PORT`, or
+`--master-addr 127.0.0.1`) leaves its rendezvous store and its workers' store open to the
+network. TCPStore does take an already listening socket (`master_listen_fd`, as corecpu's
+own store uses): this runs torchrun's own main with every store server it creates for a
+loopback address handed a socket bound to that address and port. Stores for other
+addresses (several nodes) are left as torchrun makes them.
+
+`corecpu launch --launcher torchrun` (and launch.sh where there is no mpirun) runs this,
+single-host, with `--local-addr 127.0.0.1` so that the workers' store is on loopback too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Any, Sequence
+
+# TCPStore(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv)
+_POSITIONAL = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
+               "master_listen_fd", "use_libuv")
+
+
+def loopback_ip(host: str) -> str | None:
+    """The loopback address to bind for `host`, or None when `host` is not (only) this machine's loopback."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return None
+    ips = [str(info[4][0]) for info in infos]
+    if not ips or not all(ipaddress.ip_address(ip).is_loopback for ip in ips):
+        return None
+    return next((ip for ip in ips if ":" not in ip), ips[0])  # "localhost": 127.0.0.1 rather than ::1
+
+
+def listen_socket(ip: str, port: int) -> int:
+    """A listening socket on ip:port (0: any free port), as a descriptor TCPStore takes over."""
+    sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT may linger
+    try:
+        sock.bind((ip, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
+def loopback_store_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """TCPStore's arguments as keywords, with a loopback listening socket for a loopback server."""
+    bound = {**dict(zip(_POSITIONAL, args)), **kwargs}
+    ip = loopback_ip(str(bound.get("host_name", "")))
+    if bound.get("is_master") and bound.get("master_listen_fd") is None and ip is not None:
+        bound["master_listen_fd"] = listen_socket(ip, int(bound.get("port", 0)))
+    return bound
+
+
+def patch_tcpstore() -> None:
+    """Make torch.distributed.TCPStore (and every `from torch.distributed import TCPStore` after this)
+    bind loopback servers to loopback. Must run before torch.distributed.run is imported."""
+    import torch.distributed as dist  # here: the rest of corecpu.launching is torch-free
+
+    base = dist.TCPStore
+
+    class LoopbackTCPStore(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(**loopback_store_arguments(args, kwargs))
+
+    dist.TCPStore = LoopbackTCPStore  # type: ignore[misc]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    patch_tcpstore()
+    from torch.distributed.run import main as torchrun_main  # after the patch: it imports TCPStore by name
+
+    sys.argv[0] = "torchrun"  # its usage and error lines name torchrun
+    torchrun_main(list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    main()
