@@ -127,6 +127,23 @@ def watch_launcher(env: Mapping[str, str] | None = None, on_gone: Callable[[int]
     return pid
 
 
+# A rank whose watchdog found the job hung sends this to `corecpu launch` (when it is the rank's ancestor): a
+# stopped rank on another host obeys nothing but SIGKILL, and hydra waits for it; the launcher ends the job.
+END_JOB_SIGNAL = signal.SIGUSR2
+
+
+def ask_launcher_to_end_job(env: Mapping[str, str] | None = None) -> bool:
+    """Tell the local `corecpu launch` to tear the whole job down (every host). False when there is none."""
+    pid = launcher_to_watch(os.environ if env is None else env, ancestors(os.getpid()))
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, END_JOB_SIGNAL)
+    except OSError:
+        return False
+    return True
+
+
 def _say(line: str) -> None:
     try:
         print(line, file=sys.stderr, flush=True)
