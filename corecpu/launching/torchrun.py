@@ -12,11 +12,16 @@ addresses (several nodes) are left as torchrun makes them.
 
 `corecpu launch --launcher torchrun` (and launch.sh where there is no mpirun) runs this,
 single-host, with `--local-addr 127.0.0.1` so that the workers' store is on loopback too.
+
+A rank that fails ends the job with one line naming it, then torchrun's summary; torchrun's
+own main would wrap that summary in a traceback of its internals, and its agent would stop
+the other ranks with SIGTERM (see kill_survivors_of_a_failure).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import sys
 from typing import Any, Sequence
@@ -74,12 +79,51 @@ def patch_tcpstore() -> None:
     dist.TCPStore = LoopbackTCPStore  # type: ignore[misc]
 
 
+def failed_rank_line(rank: int, exitcode: int, pid: int, host: str) -> str:
+    """Pure: the one line naming the rank whose end ended the job."""
+    if exitcode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"exited with code {exitcode}"
+    return f"corecpu: error: rank {rank} (pid {pid}) on {host} {how}; torchrun ended the job"
+
+
+def kill_survivors_of_a_failure() -> None:
+    """When a rank fails, torchrun's agent stops the others with SIGTERM: corecpu's ranks take that for a stop
+    request, announce a checkpoint they cannot write (it needs every rank), and print a traceback when their
+    next collective meets the dead peer. Stop them with SIGKILL instead, as hydra does; a stop signal sent to
+    the agent itself still reaches the ranks as that signal (torchrun's own shutdown path, untouched)."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing import api  # after the patch: it imports TCPStore by name
+
+    # The agent's poll closes the other workers with close(), whose signal this picks, the moment one fails
+    # (api.PContext._poll); its shutdown on a signal it received passes that signal, and is left as it is.
+    api._get_default_signal = lambda: signal.SIGKILL  # type: ignore[attr-defined]
+    # Its "Sending process N closing signal" and "failed (exitcode: -9)" lines: the summary below says it once.
+    logging.getLogger(api.__name__).setLevel(logging.CRITICAL)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     patch_tcpstore()
-    from torch.distributed.run import main as torchrun_main  # after the patch: it imports TCPStore by name
+    kill_survivors_of_a_failure()
+    # After the patch: torchrun's modules import TCPStore by name.
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
 
     sys.argv[0] = "torchrun"  # its usage and error lines name torchrun
-    torchrun_main(list(sys.argv[1:] if argv is None else argv))
+    try:
+        run(parse_args(list(sys.argv[1:] if argv is None else argv)))
+    except ChildFailedError as exc:
+        # torchrun's own main (@record) lets this escape as a traceback of its internals around the summary:
+        # one line naming the rank, then the summary, and torchrun's exit code (1).
+        rank, failure = exc.get_first_failure()
+        print(failed_rank_line(rank, failure.exitcode, failure.pid, socket.gethostname()), file=sys.stderr)
+        print(exc.format_msg().strip("\n"), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ class Job:
     proc: subprocess.Popen
     out: Path  # the run's --output-dir: also the marker on every command line
     log: Path
+    err: Path | None = None  # stderr on its own, when start() was asked to keep it apart from `log`
 
     @property
     def marker(self) -> str:
@@ -54,14 +55,17 @@ class Job:
         return rc, time.monotonic() - t0
 
 
-def start(tmp_path: Path, nranks: int, *args: str, name: str = "run", env: dict[str, str] | None = None) -> Job:
+def start(tmp_path: Path, nranks: int, *args: str, name: str = "run", env: dict[str, str] | None = None,
+          stderr_apart: bool = False) -> Job:
+    """launch.sh in the background; stdout and stderr go to one log, or stderr to its own with `stderr_apart`."""
     out = tmp_path / name
     log = tmp_path / f"{name}.log"
-    with open(log, "wb") as f:
+    err = tmp_path / f"{name}.err" if stderr_apart else None
+    with open(log, "wb") as f, open(err or os.devnull, "wb") as e:
         proc = subprocess.Popen(["bash", str(ROOT / "launch.sh"), str(nranks), *args, "--output-dir", str(out)],
-                                env=env or launch_env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=env or launch_env(), cwd=ROOT, stdout=f, stderr=e if err else subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    return Job(proc, out, log)
+    return Job(proc, out, log, err)
 
 
 def run(tmp_path: Path, nranks: int, *args: str, name: str, timeout: float = 300) -> Job:

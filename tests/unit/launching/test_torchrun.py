@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 from corecpu.launching.launch import TORCHRUN_MODULE, parse_args, plan_launch
-from corecpu.launching.torchrun import loopback_ip, loopback_store_arguments
+from corecpu.launching.torchrun import failed_rank_line, loopback_ip, loopback_store_arguments
 
 
 def test_loopback_addresses_are_recognised():
@@ -55,3 +55,8 @@ def test_launch_runs_torchrun_through_it_on_loopback(tmp_path):
     assert cmd[:3] == [sys.executable, "-m", TORCHRUN_MODULE]
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "127.0.0.1:0" and cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"
 
+
+def test_the_failed_rank_is_named_in_one_line():
+    assert failed_rank_line(1, -9, 4242, "node-a") == ("corecpu: error: rank 1 (pid 4242) on node-a was killed by "
+                                                      "SIGKILL; torchrun ended the job")
+    assert failed_rank_line(0, 3, 17, "node-b").endswith("rank 0 (pid 17) on node-b exited with code 3; torchrun ended the job")

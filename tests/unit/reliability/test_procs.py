@@ -263,3 +263,23 @@ def test_a_rank_asks_its_ancestor_launcher_to_end_the_job():
         assert got == [lifeline.END_JOB_SIGNAL]
     finally:
         signal.signal(lifeline.END_JOB_SIGNAL, old)
+
+
+def test_a_collective_that_lost_its_peer_is_one_line_not_a_traceback():
+    import subprocess
+    import sys
+
+    gloo = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:34725. This is typically caused by a remote worker crashing. GLHF!")
+    assert lifeline.peer_lost_line(0, gloo) == (
+        "corecpu: error: rank 0 lost its connection to another rank in a collective (Connection closed by peer "
+        "[127.0.0.1]:34725); that rank ended first, and the launcher's report names it")
+    assert lifeline.peer_lost_line(0, RuntimeError("shapes do not match")) is None
+    assert lifeline.peer_lost_line(0, ValueError("Broken pipe")) is None  # only a collective's RuntimeError
+    # Uncaught in a rank: the line on stderr, exit code 1 as for any uncaught exception; other errors unchanged.
+    code = ("from corecpu.reliability import lifeline; lifeline.quiet_lost_peer(1); "
+            "raise RuntimeError('pair.cc:553] Connection reset by peer [10.0.0.2]:5. more')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "corecpu: error: rank 1 lost its connection to another rank in a collective (Connection reset by peer "
+        "[10.0.0.2]:5); that rank ended first, and the launcher's report names it"], out.stderr
