@@ -144,8 +144,10 @@ def test_launch_sh_trains_across_two_hosts(tmp_path):
 
 def test_two_host_job_listens_on_its_interface_and_a_remote_stopped_rank_ends_it(tmp_path):
     """Listeners: only loopback or the hosts' own veth address, in each host's namespace (hydra's proxies
-    and the ranks included). Then SIGSTOP the rank on the second host: before, it was named, but hydra
-    waited for it forever; now the launcher ends the whole job, exit 124, one line naming rank and host."""
+    and the ranks included). Then SIGSTOP the rank on the second host: it is named in one line and the whole
+    job ends, the stopped rank included. impi-rt 2021.18 ends a multi-host job itself when rank 0 exits 124
+    (exit 255; measured with plain processes too); where hydra waits instead, the ranks' request makes
+    `corecpu launch` kill what is left after its grace (exit 124; tests/unit/reliability/test_exits.py)."""
     if find_mpirun() is None:
         pytest.skip("Intel MPI mpirun not found (pip install impi-rt)")
     out = tmp_path / "run"
@@ -153,8 +155,7 @@ def test_two_host_job_listens_on_its_interface_and_a_remote_stopped_rank_ends_it
     with two_hosts() as h:
         env = h.full_env({"VIRTUAL_ENV": str(os.path.dirname(os.path.dirname(sys.executable))),
                           "MASTER_ADDR": None, "MASTER_PORT": None})
-        # --allreduce gloo: no rank calls MPI_Init, so hydra does not end the job when rank 0 exits (with the MPI
-        # all-reduce it does, exit 255); this is the case that waited forever.
+        # --allreduce gloo: no rank calls MPI_Init (hydra's own cleanup of MPI ranks is not what is tested).
         cmd = ["bash", str(ROOT / "launch.sh"), "2", "-f", str(h.hostfile), *TINY, "--max-steps", "100000",
                "--log-every", "1", "--batch-size", "8", "--step-timeout", "10", "--allreduce", "gloo",
                "--output-dir", str(out)]
@@ -178,6 +179,7 @@ def test_two_host_job_listens_on_its_interface_and_a_remote_stopped_rank_ends_it
         assert found and outside == {}, found
         named = re.findall(r"corecpu: error: rank 1 on (\S+) stopped responding at step \d+; (\d+) s without progress",
                            text)
-        assert rc == 124 and named == [(h.hostnames[1], named[0][1])], f"rc={rc}\n{text[-3000:]}"
+        assert rc in (124, 255) and named == [(h.hostnames[1], named[0][1])], f"rc={rc}\n{text[-3000:]}"
         assert waited < 60, text[-3000:]  # step timeout 10 s, the beats compared, the launcher's 10 s grace
+        assert "BAD TERMINATION" not in text, text[-3000:]
         assert survivors(job.marker, within=10) == {}  # the stopped rank on the second host included
