@@ -26,6 +26,7 @@ import socket
 import sys
 from typing import Any, Sequence
 
+EXIT_STOPPED = 75  # a rank stopped on request and saved (corecpu.reliability.preempt.EXIT_STOPPED; torch-free here)
 # TCPStore(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv)
 _POSITIONAL = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
                "master_listen_fd", "use_libuv")
@@ -86,6 +87,8 @@ def failed_rank_line(rank: int, exitcode: int, pid: int, host: str) -> str:
             how = f"was killed by {signal.Signals(-exitcode).name}"
         except ValueError:
             how = f"was killed by signal {-exitcode}"
+    elif exitcode == EXIT_STOPPED:  # not an error: the ranks saved and stopped (stopped.json says where)
+        return f"corecpu: rank {rank} (pid {pid}) on {host} stopped on request (exit 75); torchrun ended the job"
     else:
         how = f"exited with code {exitcode}"
     return f"corecpu: error: rank {rank} (pid {pid}) on {host} {how}; torchrun ended the job"
@@ -100,9 +103,19 @@ def kill_survivors_of_a_failure() -> None:
 
     from torch.distributed.elastic.multiprocessing import api  # after the patch: it imports TCPStore by name
 
-    # The agent's poll closes the other workers with close(), whose signal this picks, the moment one fails
+    # The agent's poll closes the other workers with close() and no signal the moment one fails
     # (api.PContext._poll); its shutdown on a signal it received passes that signal, and is left as it is.
-    api._get_default_signal = lambda: signal.SIGKILL  # type: ignore[attr-defined]
+    close = api.PContext.close
+
+    def close_failed(self: api.PContext, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
+        if death_sig is None:
+            failures = getattr(self, "_failures", {}).values()
+            # A rank that stopped on request (75) has peers saving the same stop: they get SIGTERM, as before.
+            failed = [f for f in failures if f.exitcode != EXIT_STOPPED]
+            death_sig = signal.SIGKILL if failed else signal.SIGTERM
+        close(self, death_sig, timeout)
+
+    api.PContext.close = close_failed  # type: ignore[method-assign]
     # Its "Sending process N closing signal" and "failed (exitcode: -9)" lines: the summary below says it once.
     logging.getLogger(api.__name__).setLevel(logging.CRITICAL)
 

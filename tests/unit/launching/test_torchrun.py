@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -60,3 +61,20 @@ def test_the_failed_rank_is_named_in_one_line():
     assert failed_rank_line(1, -9, 4242, "node-a") == ("corecpu: error: rank 1 (pid 4242) on node-a was killed by "
                                                       "SIGKILL; torchrun ended the job")
     assert failed_rank_line(0, 3, 17, "node-b").endswith("rank 0 (pid 17) on node-b exited with code 3; torchrun ended the job")
+    assert failed_rank_line(0, 75, 17, "node-b") == ("corecpu: rank 0 (pid 17) on node-b stopped on request (exit 75); "
+                                                    "torchrun ended the job")  # a stop with a checkpoint is no error
+
+
+def test_a_failed_rank_takes_the_others_with_sigkill_but_a_stopping_rank_leaves_them_to_save(tmp_path):
+    # Stand-in workers: rank 1 ends (SIGKILL, or exit 75 as a rank that stopped and saved); rank 0 reports a SIGTERM.
+    worker = tmp_path / "worker.sh"
+    worker.write_text("#!/bin/sh\ntrap 'echo \"rank $RANK got TERM\" >&2; exit 3' TERM\n"
+                      "if [ \"$RANK\" = 1 ]; then sleep 1; eval \"$END\"; fi\nsleep 30 & wait\n")
+    worker.chmod(0o755)
+    for end, expect_term in (("kill -9 $$", False), ("exit 75", True)):
+        out = subprocess.run([sys.executable, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d",
+                              "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--nproc-per-node", "2",
+                              "--no-python", str(worker)], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path, env={**os.environ, "END": end, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 1 and ("rank 0 got TERM" in out.stderr) == expect_term, out.stderr
+        assert "Traceback" not in out.stderr and "Sending process" not in out.stderr, out.stderr
