@@ -1,8 +1,9 @@
 """Chaos tier: a rank killed outright (SIGKILL, the OOM killer) during evaluation under torchrun.
 
-Before: 69 lines on stderr in the issue (66 measured here, 4.9 s): torchrun's agent log lines, rank 0's "SIGTERM received: ... saving a checkpoint"
-(it cannot: a checkpoint needs every rank) and its gloo traceback, and torchrun's summary wrapped in the agent's
-own traceback. Now: one line naming the rank, then torchrun's summary (22 lines, 0.6 s); nothing is left.
+Before: 69 lines on stderr in the issue (66 measured here, 4.9 s): torchrun's agent log lines, rank 0's
+"SIGTERM received: ... saving a checkpoint" (it cannot: a checkpoint needs every rank) and its gloo traceback,
+and torchrun's summary wrapped in the agent's own traceback. Now: one line naming the rank, then torchrun's
+summary (22 lines, 0.6 s); nothing of the job is left.
 """
 
 from __future__ import annotations
