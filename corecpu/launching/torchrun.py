@@ -97,11 +97,12 @@ def failed_rank_line(rank: int, exitcode: int, pid: int, host: str) -> str:
 def kill_survivors_of_a_failure() -> None:
     """When a rank fails, torchrun's agent stops the others with SIGTERM: corecpu's ranks take that for a stop
     request, announce a checkpoint they cannot write (it needs every rank), and print a traceback when their
-    next collective meets the dead peer. Stop them with SIGKILL instead, as hydra does; a stop signal sent to
-    the agent itself still reaches the ranks as that signal (torchrun's own shutdown path, untouched)."""
+    next collective meets the dead peer. Stop them with SIGKILL instead, as hydra does (SIGTERM as before when
+    the rank stopped on request, exit 75: its peers are saving the same stop); a stop signal sent to the agent
+    itself still reaches the ranks as that signal (torchrun's own shutdown path, untouched)."""
     import logging
 
-    from torch.distributed.elastic.multiprocessing import api  # after the patch: it imports TCPStore by name
+    from torch.distributed.elastic.multiprocessing import api  # torch only here: see patch_tcpstore
 
     # The agent's poll closes the other workers with close() and no signal the moment one fails
     # (api.PContext._poll); its shutdown on a signal it received passes that signal, and is left as it is.
