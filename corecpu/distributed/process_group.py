@@ -42,6 +42,7 @@ from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import Extension, ccl_installed, ccl_status
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
+from corecpu.cluster.listeners import wildcard_listener_on
 
 log = logging.getLogger("corecpu")
 
@@ -187,6 +188,16 @@ def store_bind_address(master_ip: str, all_local: bool, local_ips: Iterable[str]
     if master_ip in own and not ipaddress.ip_address(master_ip).is_loopback:
         return master_ip
     return "::" if ":" in master_ip else "0.0.0.0"
+
+
+def open_agent_store(port: int, find: Callable[[int], object] = wildcard_listener_on) -> str | None:
+    """For a single-host torchrun job: the warning to give when torchrun's store on `port` listens on every
+    interface (torch's TCPStore binds `*` whatever --master-addr or --rdzv-endpoint says), else None."""
+    if find(port) is None:
+        return None
+    return (f"torchrun's store listens on every interface (port {port}) although every rank is on this host; "
+            "start the job with `corecpu launch -n N --launcher torchrun SCRIPT.py` (its stores listen on "
+            "127.0.0.1), or keep the port firewalled")
 
 
 def _listen(bind_ip: str, port: int) -> socket.socket:
@@ -354,7 +365,10 @@ def init_distributed(
     if chosen == "gloo":
         _pin_gloo_interface(env, addr)
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # as torch's own env:// rendezvous reads it
-    store = _connect(info, pg, ip, startup_timeout_s, info.local_world_size == info.world_size, chosen, agent_store)
+    all_local = info.local_world_size == info.world_size
+    if agent_store and all_local and info.rank == 0 and (problem := open_agent_store(port)):
+        log.warning(problem)
+    store = _connect(info, pg, ip, startup_timeout_s, all_local, chosen, agent_store)
     return replace(pg, store=store)
 
 

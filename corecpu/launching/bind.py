@@ -24,6 +24,7 @@ from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
+from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.cpu.node_plan import plan_backend, plan_binding, plan_rank, rank_environment
 from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
@@ -137,6 +138,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # The rank must not outlive the launcher process that started it (hydra_pmi_proxy, the
         # torchrun agent); PDEATHSIG survives exec, so set it on the way out.
         die_with_parent()
+        # hydra_pmi_proxy's 0.0.0.0 listener, inherited by every rank: nothing of the job listens beyond
+        # loopback (or, on several hosts, beyond the interface the hosts share).
+        close_inherited_wildcard_listeners(env)
         if env.get(envvars.LOG_DIR):  # last, so the lines above still reach the launcher's terminal
             redirect(env[envvars.LOG_DIR], detect_launcher(env).rank)
         # `corecpu launch` starts the launcher with the stop signals ignored, and an ignored signal stays

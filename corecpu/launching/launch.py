@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
@@ -31,6 +32,7 @@ from corecpu.cpu.node_plan import resolve_binding
 from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.rank_logs import failure_summary
+from corecpu.reliability.lifeline import END_JOB_SIGNAL
 
 USAGE = """usage: corecpu launch -n N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [--log-dir DIR] SCRIPT.py|train [ARGS...]
   -n N           total number of ranks (processes)
@@ -45,6 +47,11 @@ SCRIPT.py and everything after it: the training script and its arguments; `train
 TRAIN = "train"
 TRAIN_MODULE = "corecpu.train"
 DEFAULT_MULTIHOST_PORT = 29500
+TORCHRUN_MODULE = "corecpu.launching.torchrun"  # torchrun with its stores on loopback
+# After a rank asks to end a hung job (END_JOB_SIGNAL), the job gets this long to end by itself (the watchdog's
+# other ranks wait 5 s so that the reporter is heard) before the launcher kills what is left of it.
+END_JOB_GRACE_S = 10.0
+EXIT_HUNG = 124  # as the watchdog's ranks exit (corecpu.reliability.watchdog.EXIT_HUNG; that module needs torch)
 
 
 @dataclass
@@ -210,9 +217,11 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         cmd += bind + script
     else:
         env["OMP_NUM_THREADS"] = "1"  # corecpu.bind replaces it per rank; this silences torchrun's notice
-        torchrun = str(Path(python).parent / "torchrun")
-        cmd = [torchrun if Path(torchrun).exists() else "torchrun", "--standalone", "--nproc-per-node",
-               str(req.nranks), "--no-python", *bind, *script]
+        # As --standalone (one node, a free port, a fresh rendezvous id), but every store on loopback:
+        # torchrun through corecpu.launching.torchrun, whose stores for a loopback address listen there.
+        cmd = [python, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               "127.0.0.1:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", "127.0.0.1",
+               "--nproc-per-node", str(req.nranks), "--no-python", *bind, *script]
     return LaunchPlan(cmd, env, local, warnings)
 
 
@@ -233,6 +242,8 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     save and exit 75. SIGHUP (the terminal went away) goes on as SIGTERM. The child runs in its
     own process group, so a terminal's Ctrl-C reaches it only through here (mpiexec.hydra aborts
     without saving on a second one). Ranks watch this PID and exit if it is killed outright.
+    A rank whose watchdog found the job hung sends END_JOB_SIGNAL; what is left of the job after
+    END_JOB_GRACE_S is killed (a stopped rank on another host included) and the exit code is EXIT_HUNG.
     Returns the launcher's exit code (128+N if a signal killed it).
     """
     env = {**env, envvars.LAUNCHER_PID: str(os.getpid())}
@@ -253,10 +264,40 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
         except ProcessLookupError:
             pass
 
+    torn_down = threading.Event()
+
+    def tear_down() -> None:
+        if child.poll() is None:
+            torn_down.set()
+            _kill_group(child.pid)
+
+    def end_job(_signum: int, _frame: object) -> None:
+        # A rank's watchdog found the job hung and said which rank, in one line. The ranks it could reach are
+        # gone within seconds; a stopped one on another host is not, and hydra waits for it. Killing the
+        # launcher's process group (mpirun, mpiexec.hydra, this host's proxy and ranks) drops each remote
+        # proxy's link, and its ranks die with it (PDEATHSIG, which a stopped process obeys).
+        if not timers:
+            timers.append(threading.Timer(END_JOB_GRACE_S, tear_down))
+            timers[0].daemon = True
+            timers[0].start()
+
+    timers: list[threading.Timer] = []
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(signum, forward)
+    signal.signal(END_JOB_SIGNAL, end_job)
     code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
+    for timer in timers:
+        timer.cancel()
+    if torn_down.is_set():
+        return EXIT_HUNG
     return 128 - code if code < 0 else code
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 # Slurm's scancel (and a job's time limit) signals every process of the step at once. impi-rt's

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from corecpu.cluster.launchers import detect_launcher
+from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.envvars import LAUNCHER_PID as LAUNCHER_PID_VAR
 from corecpu.reliability import preempt
 
@@ -126,6 +128,55 @@ def watch_launcher(env: Mapping[str, str] | None = None, on_gone: Callable[[int]
     return pid
 
 
+# A rank whose watchdog found the job hung sends this to `corecpu launch` (when it is the rank's ancestor): a
+# stopped rank on another host obeys nothing but SIGKILL, and hydra waits for it; the launcher ends the job.
+END_JOB_SIGNAL = signal.SIGUSR2
+
+
+def ask_launcher_to_end_job(env: Mapping[str, str] | None = None) -> bool:
+    """Tell the local `corecpu launch` to tear the whole job down (every host). False when there is none."""
+    pid = launcher_to_watch(os.environ if env is None else env, ancestors(os.getpid()))
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, END_JOB_SIGNAL)
+    except OSError:
+        return False
+    return True
+
+
+# What gloo (and MPI over TCP) says when the rank at the other end of a collective has gone.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_lost_line(rank: int, error: BaseException) -> str | None:
+    """Pure: the one line for a collective that failed because another rank ended, else None."""
+    text = str(error)
+    found = next((m for m in PEER_LOST if m in text), None)
+    if not isinstance(error, RuntimeError) or found is None:
+        return None
+    where = text[text.index(found):].split(". ")[0].rstrip(".")  # "Connection closed by peer [127.0.0.1]:34725"
+    return (f"corecpu: error: rank {rank} lost its connection to another rank in a collective ({where}); "
+            "that rank ended first, and the launcher's report names it")
+
+
+def quiet_lost_peer(rank: int) -> None:
+    """A rank whose collective meets a rank that died (SIGKILL, the OOM killer) prints one line instead of a
+    traceback through torch's internals; the launcher names the rank that died."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        line = peer_lost_line(rank, value)
+        if line is None:
+            previous(kind, value, tb)  # type: ignore[arg-type]
+        elif sys.__stderr__ is not None:
+            # init_process_group wraps this hook to prefix "[rankN]: " to what it writes to sys.stderr: the
+            # line goes to the real stderr, as written.
+            print(line, file=sys.__stderr__, flush=True)
+
+    sys.excepthook = hook
+
+
 def _say(line: str) -> None:
     try:
         print(line, file=sys.stderr, flush=True)
@@ -136,7 +187,11 @@ def _say(line: str) -> None:
 def install(env: Mapping[str, str] | None = None, launched: bool = True) -> None:
     """For a rank: die with the process that started it and with launch.sh. `launched`: a launcher
     (not a person's shell) is our parent; PDEATHSIG is set only then, so `nohup python train.py &`
-    survives its shell."""
+    survives its shell. A rank hydra started without corecpu.bind stops the proxy's 0.0.0.0 listener it
+    inherited (corecpu.cluster.listeners). A collective that fails because another rank died is one line."""
+    close_inherited_wildcard_listeners(env)
     if launched and parent_death_signal() == 0:
         die_with_parent()
     watch_launcher(env)
+    if launched:
+        quiet_lost_peer(detect_launcher(os.environ if env is None else env).rank)

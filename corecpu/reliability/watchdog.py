@@ -13,7 +13,10 @@ threads, which work for any transport:
   (step_timeout, raised to SLOW_FACTOR x the slowest step seen), reads every
   rank's heartbeat twice a few seconds apart, names the ranks whose beat stood
   still (or the ranks behind, if all are alive), prints one line and ends the
-  process with EXIT_HUNG; the launcher then takes the other ranks down.
+  process with EXIT_HUNG; the launcher then takes the other ranks down. A stopped
+  rank on this host is killed here; one on another host is out of reach (and hydra
+  waits for it), so the ranks also ask `corecpu launch` to end the whole job
+  (lifeline.ask_launcher_to_end_job).
 
 The store is served by rank 0, which may itself be the stopped one: every
 store read is bounded, and a store that does not answer means rank 0 stopped.
@@ -40,7 +43,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping
 
 from corecpu.distributed.process_group import COLLECTIVE_TIMEOUT, call_within
-from corecpu.reliability import preempt
+from corecpu.reliability import lifeline, preempt
 
 # As coreutils' `timeout`: the job ran out of time waiting. Distinct from 75 (stopped on request, saved).
 EXIT_HUNG = 124
@@ -145,12 +148,14 @@ class Watchdog:
         exit: Callable[[int], None] = preempt.hard_exit,
         clock: Callable[[], float] = time.monotonic,
         set_collective_timeout: Callable[[float], None] | None = None,
+        ask_launcher: Callable[[], object] | None = None,
     ) -> None:
         self.rank, self.world_size, self.step_timeout_s = rank, world_size, step_timeout_s
         self.host = host or socket.gethostname()
         self._store = store
         self._exit, self._clock = exit, clock
         self._set_collective_timeout = set_collective_timeout or _set_gloo_timeout
+        self._ask_launcher: Callable[[], object] = ask_launcher or lifeline.ask_launcher_to_end_job
         self._step = 0
         self._last_progress: float | None = None  # None until the first step: start-up is not timed here
         self._slowest = 0.0
@@ -262,6 +267,7 @@ class Watchdog:
                     kill_if_same_program(self._pids[r])
         else:
             sleep(REPORTER_HEAD_START_S)
+        self._end_job()
         self._exit(EXIT_HUNG)
         return True
 
@@ -298,8 +304,15 @@ class Watchdog:
                     kill_if_same_program(self._pids[r])
         else:
             time.sleep(REPORTER_HEAD_START_S)
+        self._end_job()
         self._exit(EXIT_HUNG)
         return True
+
+    def _end_job(self) -> None:
+        # Only the launcher reaches a stopped rank on another host (through hydra's proxy there). Every firing
+        # rank asks, so the request arrives whichever ranks share the launcher's host; host names are not
+        # compared, since two hosts may report the same one. The launcher acts only if the job outlives a grace.
+        self._ask_launcher()
 
     def _learn_hosts(self, store: Any) -> None:
         if self._hosts:

@@ -18,27 +18,11 @@ from pathlib import Path
 import pytest
 
 from corecpu.reliability.preempt import EXIT_STOPPED
-from helpers.chaoslib import TINY, complete_checkpoint, losses, rank_pids, run, start, survivors, wait_for_step
+from helpers.chaoslib import (TINY, complete_checkpoint, descendants, long_eval_set, losses, rank_pids, run, start,
+                              survivors, wait_for_step)
 
 COMMON = [*TINY, "--max-steps", "40", "--log-every", "1", "--batch-size", "8"]  # --save-every 0: no other save
 STOP_LINE = re.compile(r"stopped by SIGTERM at step (\d+); checkpoint (step-\d+) written; continue with --resume auto")
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it (from /proc): what `scancel` reaches in a job step."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo += children.get(p, [])
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +68,7 @@ def test_sigterm_to_every_process_saves_and_resumes_exactly(tmp_path, straight, 
 
 
 def test_rank_stopped_during_evaluation_is_named_and_the_job_ends(tmp_path):
-    # An evaluation long enough to stop a rank in the middle of it: 24k examples of ~100 tokens.
-    words = "the river city market north station old bridge garden tower museum harbour".split()
-    rng = random.Random(0)
-    big = tmp_path / "eval.tsv"
-    big.write_text("sentence\tlabel\n" + "".join(
-        f"{' '.join(rng.choice(words) for _ in range(90))}\t{rng.choice(['negative', 'positive'])}\n"
-        for _ in range(24000)))
+    big = long_eval_set(tmp_path / "eval.tsv")
     job = start(tmp_path, 2, *TINY[:-2], "--eval-data", str(big), "--max-steps", "3", "--log-every", "1",
                 "--step-timeout", "10")
     wait_for_step(job, 3)  # the last step is logged, then evaluation starts on every rank

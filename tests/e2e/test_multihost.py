@@ -8,14 +8,19 @@ MPI_LOCAL* variables hydra sets and join a torch.distributed gloo group.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
 
+from helpers.chaoslib import TINY, Job, descendants, kill_all, listening, rank_pids, survivors, wait_for_step
 from helpers.common import ROOT
 from helpers.netns import find_mpirun, two_hosts
 
@@ -135,3 +140,46 @@ def test_launch_sh_trains_across_two_hosts(tmp_path):
     assert all(t["binding"] == "bound by corecpu.bind" for t in topo), topo
     # ...and gloo found the veth on its own (the hostname would have led it to loopback).
     assert [t["gloo_socket_ifname"] for t in topo] == [h.iface, h.iface], topo
+
+
+def test_two_host_job_listens_on_its_interface_and_a_remote_stopped_rank_ends_it(tmp_path):
+    """Listeners: only loopback or the hosts' own veth address, in each host's namespace (hydra's proxies
+    and the ranks included). Then SIGSTOP the rank on the second host: it is named in one line and the whole
+    job ends, the stopped rank included. impi-rt 2021.18 ends a multi-host job itself when rank 0 exits 124
+    (exit 255; measured with plain processes too); where hydra waits instead, the ranks' request makes
+    `corecpu launch` kill what is left after its grace (exit 124; tests/unit/reliability/test_exits.py)."""
+    if find_mpirun() is None:
+        pytest.skip("Intel MPI mpirun not found (pip install impi-rt)")
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with two_hosts() as h:
+        env = h.full_env({"VIRTUAL_ENV": str(os.path.dirname(os.path.dirname(sys.executable))),
+                          "MASTER_ADDR": None, "MASTER_PORT": None})
+        # --allreduce gloo: no rank calls MPI_Init (hydra's own cleanup of MPI ranks is not what is tested).
+        cmd = ["bash", str(ROOT / "launch.sh"), "2", "-f", str(h.hostfile), *TINY, "--max-steps", "100000",
+               "--log-every", "1", "--batch-size", "8", "--step-timeout", "10", "--allreduce", "gloo",
+               "--output-dir", str(out)]
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(h.cmd_in(h.namespaces[0], cmd), env=env, cwd=ROOT, stdout=f,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        job = Job(proc, out, log)
+        try:
+            wait_for_step(job, 3)
+            found = listening(descendants(proc.pid))
+            ranks = rank_pids(job.marker)
+            os.kill(ranks[1], signal.SIGSTOP)
+            rc, waited = job.wait(timeout=120)
+        finally:
+            kill_all(job.marker)
+        text = job.text()
+        allowed = set(h.addresses)
+        outside = {p: bad for p, addrs in found.items()
+                   if (bad := {a for a in addrs if not (a.rsplit(":", 1)[0] in allowed
+                                                        or ipaddress.ip_address(a.rsplit(":", 1)[0]).is_loopback)})}
+        assert found and outside == {}, found
+        named = re.findall(r"corecpu: error: rank 1 on (\S+) stopped responding at step \d+; (\d+) s without progress",
+                           text)
+        assert rc in (124, 255) and named == [(h.hostnames[1], named[0][1])], f"rc={rc}\n{text[-3000:]}"
+        assert waited < 60, text[-3000:]  # step timeout 10 s, the beats compared, the launcher's 10 s grace
+        assert "BAD TERMINATION" not in text, text[-3000:]
+        assert survivors(job.marker, within=10) == {}  # the stopped rank on the second host included

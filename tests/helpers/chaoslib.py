@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from corecpu.cluster.listeners import listeners, socket_inodes
 from helpers.common import ROOT
+
 TINY = ["--model", "tiny", "--precision", "fp32", "--progress", "off", "--eval-data", "none"]
 
 
@@ -32,6 +35,7 @@ class Job:
     proc: subprocess.Popen
     out: Path  # the run's --output-dir: also the marker on every command line
     log: Path
+    err: Path | None = None  # stderr on its own, when start() was asked to keep it apart from `log`
 
     @property
     def marker(self) -> str:
@@ -51,14 +55,17 @@ class Job:
         return rc, time.monotonic() - t0
 
 
-def start(tmp_path: Path, nranks: int, *args: str, name: str = "run", env: dict[str, str] | None = None) -> Job:
+def start(tmp_path: Path, nranks: int, *args: str, name: str = "run", env: dict[str, str] | None = None,
+          stderr_apart: bool = False) -> Job:
+    """launch.sh in the background; stdout and stderr go to one log, or stderr to its own with `stderr_apart`."""
     out = tmp_path / name
     log = tmp_path / f"{name}.log"
-    with open(log, "wb") as f:
+    err = tmp_path / f"{name}.err" if stderr_apart else None
+    with open(log, "wb") as f, open(err or os.devnull, "wb") as e:
         proc = subprocess.Popen(["bash", str(ROOT / "launch.sh"), str(nranks), *args, "--output-dir", str(out)],
-                                env=env or launch_env(), cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env=env or launch_env(), cwd=ROOT, stdout=f, stderr=e if err else subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    return Job(proc, out, log)
+    return Job(proc, out, log, err)
 
 
 def run(tmp_path: Path, nranks: int, *args: str, name: str, timeout: float = 300) -> Job:
@@ -144,10 +151,11 @@ def rank_pids(marker: str) -> dict[int, int]:
 
 
 def launcher_pid(marker: str, program: str) -> int:
-    """PID of the job's process running `program` (e.g. torchrun, mpiexec.hydra), by its argv, not its arguments."""
+    """PID of the job's process running `program` (e.g. torchrun, mpiexec.hydra), by its argv, not its arguments.
+    `corecpu launch` runs torchrun as `python -m corecpu.launching.torchrun` (its stores on loopback)."""
     for pid in processes(marker):
         argv = _argv(pid)
-        if any(Path(a).name == program for a in argv[:2]):
+        if any(Path(a).name == program for a in argv[:2]) or argv[1:3] == ["-m", f"corecpu.launching.{program}"]:
             return pid
     raise AssertionError(f"no {program} process for {marker}: {processes(marker)}")
 
@@ -178,4 +186,47 @@ def complete_checkpoint(out: Path, step: int) -> Path:
     assert (path / "state.pt").is_file() and (path / "meta.json").is_file(), sorted(p.name for p in root.iterdir())
     assert json.loads((path / "meta.json").read_text())["step"] == step
     assert not [p.name for p in root.iterdir() if p.name.startswith(".")], "a temporary checkpoint was left behind"
+    return path
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (from /proc): what `scancel` reaches in a job step, and hydra's proxies,
+    whose command lines do not carry the job's marker."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        children.setdefault(int(text.rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    return found
+
+
+def listening(pids: list[int]) -> dict[str, set[str]]:
+    """"name[pid]" -> {"address:port", ...} for each process holding a listening TCP socket, in that process's
+    own network namespace (/proc/PID/net), so a process on a namespace "host" is seen as it is there."""
+    found: dict[str, set[str]] = {}
+    for pid in pids:
+        held = socket_inodes(pid)
+        if not held:
+            continue
+        name = Path(f"/proc/{pid}/comm").read_text().strip() if Path(f"/proc/{pid}/comm").exists() else "?"
+        for sock in listeners(f"/proc/{pid}/net"):
+            if sock.inode in held:
+                found.setdefault(f"{name}[{pid}]", set()).add(f"{sock.address}:{sock.port}")
+    return found
+
+
+def long_eval_set(path: Path) -> Path:
+    """An evaluation long enough to stop or kill a rank in the middle of it: 24k examples of ~100 tokens."""
+    words = "the river city market north station old bridge garden tower museum harbour".split()
+    rng = random.Random(0)
+    path.write_text("sentence\tlabel\n" + "".join(
+        f"{' '.join(rng.choice(words) for _ in range(90))}\t{rng.choice(['negative', 'positive'])}\n"
+        for _ in range(24000)))
     return path

@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from corecpu.cpu.hardware import Extension
-from corecpu.distributed.process_group import (choose_backend, init_distributed, master_address, resolve_master,
-                                              route_interface, store_bind_address, teardown)
+from corecpu.distributed.process_group import (choose_backend, init_distributed, master_address, open_agent_store,
+                                              resolve_master, route_interface, store_bind_address, teardown)
 from corecpu.errors import CoreCPUError
 from corecpu.cluster.launchers import detect_launcher
 from helpers.common import ROOT, free_port
@@ -108,3 +108,10 @@ def test_unresolvable_master_addr_is_named():
     assert resolve_master("127.0.0.1") == "127.0.0.1"
     with pytest.raises(CoreCPUError, match="MASTER_ADDR 'no-such-host.invalid' does not resolve"):
         resolve_master("no-such-host.invalid")
+
+
+def test_a_wildcard_torchrun_store_on_one_host_is_named():
+    # torch's TCPStore binds every interface whatever address torchrun is given; corecpu launch's torchrun does not.
+    line = open_agent_store(29500, find=lambda port: object())
+    assert line is not None and "every interface (port 29500)" in line and "--launcher torchrun" in line
+    assert open_agent_store(29500, find=lambda port: None) is None

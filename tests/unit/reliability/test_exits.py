@@ -9,8 +9,10 @@ from pathlib import Path
 
 import torch
 
+from corecpu.launching import launch
 from corecpu.launching.launch import _launcher_child
 from corecpu.reliability import preempt
+from corecpu.reliability.watchdog import EXIT_HUNG
 from corecpu.training import checkpoint_files
 from helpers.common import ROOT
 
@@ -56,3 +58,24 @@ def test_the_launcher_starts_with_stop_signals_ignored_and_bind_gives_them_back(
                            preexec_fn=_launcher_child, capture_output=True, text=True, timeout=120)
     assert bound.returncode == 0 and bound.stdout.split() == ["False", "False"], bound.stderr
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process untouched
+
+
+def test_a_hung_job_that_outlives_the_grace_is_killed_by_the_launcher_with_exit_124():
+    # The stand-in job asks to be ended (as a watchdog does) and then waits like a stopped rank's peers under hydra.
+    assert launch.EXIT_HUNG == EXIT_HUNG  # launch.py repeats it to stay torch-free
+    job = ("import os, signal, time; os.kill(int(os.environ['CORECPU_LAUNCHER_PID']), signal.SIGUSR2); "
+           "time.sleep(120)")
+    code = ("import sys, time; from corecpu.launching import launch; launch.END_JOB_GRACE_S = 1.0; t = time.monotonic(); "
+            f"rc = launch.run_forwarding_signals([sys.executable, '-c', {job!r}], {{}}, 'mpirun'); "
+            "print(rc, round(time.monotonic() - t))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    rc, waited = out.stdout.split()
+    assert (rc, out.stderr) == (str(EXIT_HUNG), "") and int(waited) < 10
+
+
+def test_a_hung_job_that_ends_by_itself_keeps_its_own_exit_code():
+    job = "import os, signal; os.kill(int(os.environ['CORECPU_LAUNCHER_PID']), signal.SIGUSR2); raise SystemExit(3)"
+    code = ("import sys; from corecpu.launching import launch; launch.END_JOB_GRACE_S = 1.0; "
+            f"print(launch.run_forwarding_signals([sys.executable, '-c', {job!r}], {{}}, 'mpirun'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.stdout.strip() == "3", out.stderr

@@ -224,3 +224,62 @@ def test_outside_a_pause_liveness_is_not_checked():
     store.frozen.add(1)
     clock[0] += 1000.0
     assert not wd.check_alive(store) and exits == []  # training time is check_once's job
+
+
+def test_a_firing_watchdog_asks_the_launcher_to_end_the_job_before_it_exits():
+    # The launcher alone reaches a stopped rank on another host, which hydra would otherwise wait for.
+    store, clock, events = FakeStore(), [0.0], []
+    wd = watchdog.Watchdog(store, 0, 2, step_timeout_s=20, host="host-a", exit=lambda code: events.append(code),
+                           clock=lambda: clock[0], set_collective_timeout=lambda s: None,
+                           ask_launcher=lambda: events.append("end the job"))
+    for r, host in ((0, "host-a"), (1, "host-b")):
+        store.set(watchdog.HOST_KEY.format(r), f"{1000 + r} {host}")
+        store.set(watchdog.KEY.format(r), "0 0")
+    wd.progress(1)
+    store.frozen.add(1)
+    clock[0] += 21.0
+    assert wd.check_once(store, sleep=lambda s: store.tick())
+    assert events == ["end the job", watchdog.EXIT_HUNG]
+    assert wd.fired == "rank 1 on host-b stopped responding at step 1; 21 s without progress"
+
+
+def test_a_rank_asks_its_ancestor_launcher_to_end_the_job():
+    # A child of this process, with this process as its launcher: the request arrives as END_JOB_SIGNAL.
+    import os
+    import subprocess
+    import sys
+
+    got: list[int] = []
+    old = signal.signal(lifeline.END_JOB_SIGNAL, lambda signum, frame: got.append(signum))
+    try:
+        code = "from corecpu.reliability.lifeline import ask_launcher_to_end_job as a; print(a())"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "CORECPU_LAUNCHER_PID": str(os.getpid())})
+        assert out.stdout.strip() == "True", out.stderr
+        assert got == [lifeline.END_JOB_SIGNAL]
+        # Not an ancestor (this process itself), or no launcher at all: nothing is sent.
+        assert not lifeline.ask_launcher_to_end_job({"CORECPU_LAUNCHER_PID": str(os.getpid())})
+        assert not lifeline.ask_launcher_to_end_job({})
+        assert got == [lifeline.END_JOB_SIGNAL]
+    finally:
+        signal.signal(lifeline.END_JOB_SIGNAL, old)
+
+
+def test_a_collective_that_lost_its_peer_is_one_line_not_a_traceback():
+    import subprocess
+    import sys
+
+    gloo = RuntimeError("[/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:34725. This is typically caused by a remote worker crashing. GLHF!")
+    assert lifeline.peer_lost_line(0, gloo) == (
+        "corecpu: error: rank 0 lost its connection to another rank in a collective (Connection closed by peer "
+        "[127.0.0.1]:34725); that rank ended first, and the launcher's report names it")
+    assert lifeline.peer_lost_line(0, RuntimeError("shapes do not match")) is None
+    assert lifeline.peer_lost_line(0, ValueError("Broken pipe")) is None  # only a collective's RuntimeError
+    # Uncaught in a rank: the line on stderr, exit code 1 as for any uncaught exception; other errors unchanged.
+    code = ("from corecpu.reliability import lifeline; lifeline.quiet_lost_peer(1); "
+            "raise RuntimeError('pair.cc:553] Connection reset by peer [10.0.0.2]:5. more')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.splitlines() == [
+        "corecpu: error: rank 1 lost its connection to another rank in a collective (Connection reset by peer "
+        "[10.0.0.2]:5); that rank ended first, and the launcher's report names it"], out.stderr
