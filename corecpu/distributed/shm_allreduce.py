@@ -33,6 +33,7 @@ import re
 import shutil
 import socket
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -87,10 +88,10 @@ def _cpu_flags() -> set[str]:
 
 def op_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
     """Where torch's cpp_extension builds the op: one build per torch, DeepSpeed and Python version."""
-    import deepspeed
     import torch
 
-    key = f"torch-{torch.__version__}-deepspeed-{deepspeed.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    # The installed version, read without importing DeepSpeed (its import is slow and logs).
+    key = f"torch-{torch.__version__}-deepspeed-{metadata.version('deepspeed')}-py{sys.version_info[0]}{sys.version_info[1]}"
     return envvars.cache_dir(env) / "shm" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
 
 
