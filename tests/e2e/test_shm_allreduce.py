@@ -1,11 +1,12 @@
 """The shared-memory gradient all-reduce in whole runs: launch.sh with --allreduce shm logs what gloo logs and
-resumes exactly after a kill; across two network-namespace "hosts" under Intel MPI's mpirun, hierarchically,
-it lands where gloo's all-reduce lands (tests/helpers/netns.py builds the hosts)."""
+resumes exactly after a kill; under srun (tests/helpers/fake_srun.py) it lands on gloo's weights; across two
+network-namespace "hosts" under Intel MPI's mpirun, hierarchically, too (tests/helpers/netns.py builds the hosts)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -14,6 +15,7 @@ from corecpu.distributed.shm_allreduce import shm_status
 from helpers.common import ROOT, WORKERS
 from helpers.launching import TINY, crash_at_step, launch, records
 from helpers.netns import find_mpirun, two_hosts
+from helpers.slurm import FAKE_SRUN, sbatch_env
 
 usable, why = shm_status()
 needs_shm = pytest.mark.skipif(not usable, reason=f"shared-memory all-reduce unusable: {why}")
@@ -75,3 +77,17 @@ def test_hierarchical_across_two_namespace_hosts_equals_gloo(tmp_path, ppn):
     assert reports[0]["describe"] == f"{local}, 2 hosts' leaders over mpi, fp32 on the wire"
     if ppn == 2:
         assert len({x["namespace"] for x in reports}) == 2
+
+
+@needs_shm
+def test_under_srun_two_tasks_on_one_node_equal_gloo(tmp_path):
+    out = tmp_path / "reports.json"
+    env = sbatch_env(tmp_path, [os.uname().nodename], 2, {"OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, str(FAKE_SRUN), "-n", "2", sys.executable, str(WORKERS / "shm_hook.py"),
+                        str(out)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    reports = json.loads(out.read_text())
+    assert [x["launcher"] for x in reports] == ["slurm", "slurm"]
+    assert all(x["identical"] and x["bf16_wire"] and x["segments_left"] == [] for x in reports), reports
+    assert reports[0]["describe"] == "shared memory among 2 rank(s) per host, fp32 on the wire"
