@@ -106,8 +106,11 @@ def load_op(verbose: bool = False) -> Any:
                            "pip install 'corecpu[shm]', or use --allreduce gloo") from exc
     build_dir = op_cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
-    saved = os.environ.get("TORCH_EXTENSIONS_DIR")
+    saved = {k: os.environ.get(k) for k in ("TORCH_EXTENSIONS_DIR", "PATH")}
     os.environ["TORCH_EXTENSIONS_DIR"] = str(build_dir)  # cpp_extension.load reads it, the builder takes no path
+    # Always the ninja installed beside this Python (DeepSpeed's dependency): ninja versions hash commands
+    # differently, so a system ninja one time and this one the next would rebuild the op every time.
+    os.environ["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), saved["PATH"]]))
     try:
         return ShareMemCommBuilder().load(verbose=verbose)
     except Exception as exc:  # a compiler error is long: its last line says which
@@ -116,10 +119,8 @@ def load_op(verbose: bool = False) -> Any:
                            "run `python -m corecpu.distributed.shm_allreduce` to see the build log, or use "
                            "--allreduce gloo") from exc
     finally:
-        if saved is None:
-            os.environ.pop("TORCH_EXTENSIONS_DIR", None)
-        else:
-            os.environ["TORCH_EXTENSIONS_DIR"] = saved
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 # ---------------------------------------------------------------- names and groups (pure)
