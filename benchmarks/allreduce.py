@@ -1,6 +1,8 @@
 """fp32 all-reduce on one host: gloo vs Intel MPI (raw mpi4py, and corecpu's comm-thread path)
-vs oneCCL (`ccl`, when `corecpu build-ccl` has installed the bindings) vs a single-process memcpy of the same
-size (the memory-bandwidth bound).
+vs oneCCL (`ccl`, when `corecpu build-ccl` has installed the bindings) vs DeepSpeed's shared-memory op on
+corecpu's comm thread (`shm`, fp32 and bf16 on the wire, when the `shm` extra is installed) vs a
+single-process memcpy of the same size (the memory-bandwidth bound). Sizes are of the fp32 buffer: the bf16
+wire moves half the bytes, and its time includes rounding to bf16 and back.
 
     .venv/bin/python benchmarks/allreduce.py                       # 1/32/128 MB, 2 ranks, 7 repeats
     .venv/bin/python benchmarks/allreduce.py --sizes-mb 1,4 --repeats 3
@@ -33,9 +35,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-METHODS = ("gloo", "mpi_thread", "mpi_raw", "ccl", "memcpy")
+METHODS = ("gloo", "mpi_thread", "mpi_raw", "ccl", "shm", "shm_bf16", "memcpy")
 LABELS = {"gloo": "gloo", "mpi_thread": "MPI, comm thread (corecpu)", "mpi_raw": "MPI, raw mpi4py",
-          "ccl": "oneCCL", "memcpy": "memcpy, 1 process"}
+          "ccl": "oneCCL", "shm": "shm, comm thread (corecpu)", "shm_bf16": "shm, bf16 wire",
+          "memcpy": "memcpy, 1 process"}
 # oneCCL settings tried (name -> CCL_* variables; anything unset is oneCCL's default). "plan" is what
 # corecpu's plan sets where a rank has no core to spare for a worker (corecpu/cpu/ccl_plan.py).
 CCL_SETTINGS = {
@@ -85,16 +88,25 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     import corecpu
-    from corecpu.distributed.allreduce import MpiGradientAllreduce
+    from corecpu.distributed.allreduce import GradientAllreduce, make_gradient_allreduce
+    from corecpu.errors import CoreCPUError
 
     ctx = corecpu.setup(backend="gloo", allreduce="gloo", threads=1, dist_timeout=60)
-    comm = MpiGradientAllreduce(ctx.launch)
+    comm = make_gradient_allreduce("mpi", ctx.launch)
+    hooks: dict[str, GradientAllreduce] = {}
+    try:
+        hooks = {"shm": make_gradient_allreduce("shm", ctx.launch),
+                 "shm_bf16": make_gradient_allreduce("shm", ctx.launch, wire="bf16")}
+    except CoreCPUError as exc:
+        if ctx.rank == 0:
+            print(f"allreduce.py: no shm: {exc}", file=sys.stderr, flush=True)
     try:
         import oneccl_bindings_for_pytorch  # noqa: F401  (registers "ccl")
         ccl_group = dist.new_group(backend="ccl")
     except ImportError:
         ccl_group = None
-    methods = tuple(m for m in METHODS if m != "ccl" or ccl_group is not None)
+    methods = tuple(m for m in METHODS if (m != "ccl" or ccl_group is not None)
+                    and (not m.startswith("shm") or m in hooks))
     from mpi4py import MPI
 
     raw = comm.comm
@@ -112,6 +124,9 @@ def worker(args: argparse.Namespace) -> None:
             return lambda: raw.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM)
         if method == "mpi_thread":
             return lambda: comm.allreduce_async(t).wait()
+        if method in hooks:
+            hook = hooks[method]
+            return lambda: hook.allreduce_async(t).wait()
         d = dst[size].numpy()
         return lambda: np.copyto(d, a)
 
@@ -147,7 +162,8 @@ def worker(args: argparse.Namespace) -> None:
             order = methods[r % len(methods):] + methods[: r % len(methods)]
             for method in order:
                 samples[str(size)][method].append(block(method, size, counts[(method, size)]))
-    comm.close()
+    for closing in (comm, *hooks.values()):
+        closing.close()
     if ccl_group is not None:
         dist.destroy_process_group(ccl_group)
     if ctx.rank == 0:
@@ -169,18 +185,22 @@ def worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- driver
 
 
+RATIOS = {"mpi_thread": "comm thread vs gloo", "mpi_raw": "raw vs gloo", "ccl": "ccl vs gloo", "shm": "shm vs gloo",
+          "shm_bf16": "shm bf16 vs gloo"}
+
+
 def table(result: dict[str, Any]) -> str:
     methods = [m for m in METHODS if m in next(iter(result["median_ms"].values()))]
+    ratios = [m for m in RATIOS if m in methods]
     setting = f", oneCCL setting {result['ccl_setting']} {result.get('ccl_env', {})}" if "ccl" in methods else ""
-    lines = [f"{result['ranks']} ranks, fp32, {result['cpu']}, {result['mpi']}, torch {result['torch']}{setting}, "
+    lines = [f"{result['ranks']} ranks, fp32 buffers, {result['cpu']}, {result['mpi']}, torch {result['torch']}{setting}, "
              f"median of {result['repeats']} interleaved repeats ({result['date']})", "",
-             "| size | " + " | ".join(f"{LABELS[m]} ms" for m in methods) + " | comm thread vs gloo | raw vs gloo |"
-             + (" ccl vs gloo |" if "ccl" in methods else ""),
-             "|---:|" + "---:|" * (len(methods) + 2 + ("ccl" in methods))]
+             "| size | " + " | ".join(f"{LABELS[m]} ms" for m in methods) + " | "
+             + " | ".join(RATIOS[m] for m in ratios) + " |",
+             "|---:|" + "---:|" * (len(methods) + len(ratios))]
     for size, ms in result["median_ms"].items():
         cells = " | ".join(f"{ms[m]:.3f}" for m in methods)
-        lines.append(f"| {float(size):g} MB | {cells} | {ms['gloo'] / ms['mpi_thread']:.2f}x | "
-                     f"{ms['gloo'] / ms['mpi_raw']:.2f}x |" + (f" {ms['gloo'] / ms['ccl']:.2f}x |" if "ccl" in methods else ""))
+        lines.append(f"| {float(size):g} MB | {cells} | " + " | ".join(f"{ms['gloo'] / ms[m]:.2f}x" for m in ratios) + " |")
     return "\n".join(lines)
 
 

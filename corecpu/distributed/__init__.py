@@ -6,4 +6,6 @@ May import: corecpu.errors, corecpu.envvars, corecpu.cluster, corecpu.cpu; torch
 
 # The choices this subpackage offers, defined once: setup(), the CLI and the planners read them here.
 BACKENDS = ("auto", "gloo", "ccl", "mpi")  # the process group
-ALLREDUCE_CHOICES = ("auto", "gloo", "mpi", "ccl")  # DDP's gradient buckets (gloo, ccl: DDP's own, on that backend)
+# DDP's gradient buckets (gloo, ccl: DDP's own, on that backend; mpi, shm: corecpu's hooks on one comm thread)
+ALLREDUCE_CHOICES = ("auto", "gloo", "mpi", "ccl", "shm")
+ALLREDUCE_DTYPES = ("fp32", "bf16")  # what gradient buckets travel as

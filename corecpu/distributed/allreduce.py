@@ -1,22 +1,24 @@
-"""Gradient all-reduce through MPI's shared-memory collectives, as a DDP communication hook.
+"""The choice of gradient all-reduce path, and the MPI path: MPI's shared-memory collectives as a DDP hook.
+
+Paths (`choose_allreduce` picks one; `make_gradient_allreduce` builds its object, with `allreduce_async`,
+`register(ddp)` and `close()`, so every path can be registered and timed alike):
+- gloo, ccl: DDP's own all-reduce on the process group;
+- mpi: below;
+- shm: DeepSpeed's shared-memory op inside a host, hierarchical across hosts (corecpu.distributed.shm_allreduce).
 
 When Intel MPI started the ranks, its intra-node Allreduce (mpi4py on impi-rt's libmpi)
 is several times faster than gloo's for small buckets. Two things make it pay off
 inside DDP:
 
-- MPI runs on ONE dedicated comm thread, never inside the hook. A hook that calls MPI
-  itself blocks the autograd thread and kills DDP's overlap of communication with the
-  rest of backward (measured 1.7x slower steps). mpi4py releases the GIL during the
-  call, and a single thread keeps the order of collectives identical on every rank
-  (buckets are handed over in the order DDP fires them, which DDP keeps equal across ranks).
+- MPI runs on ONE dedicated comm thread (corecpu.distributed.comm_thread), never inside the hook.
+  mpi4py releases the GIL during the call.
 - gloo stays the process group for everything else (rendezvous, barriers, eval sums,
   all_gather_object); only gradient buckets go through MPI.
 
 Gradients travel as fp32: Intel MPI has no bf16 sum.
 
-    allreduce, why = choose_allreduce(cfg.allreduce, ctx.info, os.environ)
-    if allreduce == "mpi":
-        comm = MpiGradientAllreduce(ctx.info); comm.register(ddp)   # ... comm.close() at the end
+    path, why = choose_allreduce(cfg.allreduce, ctx.info, os.environ, dtype=cfg.allreduce_dtype)
+    comm = make_gradient_allreduce(path, ctx.info, wire=cfg.allreduce_dtype); comm.register(ddp)  # comm.close() at the end
 
 Importing this module does not initialise MPI; the first MpiGradientAllreduce does.
 """
@@ -24,11 +26,12 @@ Importing this module does not initialise MPI; the first MpiGradientAllreduce do
 from __future__ import annotations
 
 import os
-import queue
-import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping, Protocol
 
-from corecpu.distributed import ALLREDUCE_CHOICES
+from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES
+from corecpu.distributed.comm_thread import ThreadedGradientAllreduce
+from corecpu.distributed.mpi_init import init_mpi, mpi4py_importable
+from corecpu.distributed.shm_allreduce import ShmGradientAllreduce, shm_status
 from corecpu.errors import CoreCPUError
 from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.node_plan import NodePlan
@@ -45,32 +48,38 @@ WAIT_MODE_VAR = "I_MPI_WAIT_MODE"
 ALGORITHM_VAR, RING = "I_MPI_ADJUST_ALLREDUCE", "8"
 
 
-def mpi4py_importable() -> tuple[bool, str]:
-    """Whether mpi4py can be imported, without initialising MPI (only `mpi4py`, not `mpi4py.MPI`)."""
-    import importlib.util
-
-    if importlib.util.find_spec("mpi4py") is None:
-        return False, "mpi4py is not installed"
-    return True, "mpi4py found"
-
-
 def choose_allreduce(
     requested: str,
     info: LaunchInfo,
     env: Mapping[str, str],
     mpi_available: Callable[[], tuple[bool, str]] = mpi4py_importable,
     backend: str = "gloo",
+    dtype: str = "fp32",
+    shm_available: Callable[[], tuple[bool, str]] | None = None,
 ) -> tuple[str, str]:
-    """("none" | "gloo" | "ccl" | "mpi", why). Pure apart from `mpi_available`.
+    """("none" | "gloo" | "ccl" | "mpi" | "shm", why). Pure apart from `mpi_available` and `shm_available`.
 
     MPI is only usable when an MPI launcher started the ranks: under torchrun or srun
     every process would initialise MPI as a singleton of world size 1. gloo and ccl are
     DDP's own all-reduce on the process group (`backend`), so each needs that backend.
+    shm (DeepSpeed's shared-memory op, corecpu.distributed.shm_allreduce) works under any launcher, but
+    only when asked for: auto does not pick it until start-up measurements can show it is faster.
+    `dtype` is what buckets travel as; MPI has no bf16 sum.
     """
     if requested not in ALLREDUCE_CHOICES:
         raise CoreCPUError(f"all-reduce {requested!r} is not one of: {', '.join(ALLREDUCE_CHOICES)}")
+    if dtype not in ALLREDUCE_DTYPES:
+        raise CoreCPUError(f"all-reduce dtype {dtype!r} is not one of: {', '.join(ALLREDUCE_DTYPES)}")
     if not info.distributed:
         return "none", "single process"
+    if requested == "shm":
+        ok, why = (shm_available or shm_status)()
+        if not ok:
+            raise CoreCPUError(f"the shared-memory all-reduce cannot run here: {why}; or use --allreduce gloo")
+        return "shm", f"requested; {why}"
+    if requested == "mpi" and dtype != "fp32":
+        raise CoreCPUError(f"MPI has no {dtype} sum, so the MPI all-reduce sends fp32; use --allreduce-dtype fp32, "
+                           f"or --allreduce shm or gloo for {dtype} on the wire")
     if requested in ("gloo", "ccl"):
         if backend != requested:
             raise CoreCPUError(f"--allreduce {requested} runs DDP's all-reduce on the process group, which is "
@@ -93,6 +102,8 @@ def choose_allreduce(
         return "ccl", "DDP on the ccl process group (--allreduce mpi for the Intel MPI hook instead)"
     if not launched_by_mpi:
         return "gloo", f"started by {info.launcher}, not MPI"
+    if dtype != "fp32":
+        return "gloo", f"{dtype} on the wire, which MPI cannot sum"
     if not ok:
         return "gloo", f"started by {info.launcher} but {why}"
     if env.get(WAIT_MODE_VAR) == "1":
@@ -117,38 +128,17 @@ def apply_wait_mode(env: MutableMapping[str, str], plan_env: Callable[[], Mappin
     return value
 
 
-def _init_mpi() -> Any:
-    """mpi4py's MPI module, initialised with a thread level that allows calls from our comm thread."""
-    import mpi4py
-
-    if not mpi4py.rc.initialize:
-        raise CoreCPUError("mpi4py.rc.initialize is False, so MPI is never initialised; leave it True")
-    # SERIALIZED is enough (only the comm thread calls MPI) and avoids MULTIPLE's locking.
-    # rc is read only at the first import of mpi4py.MPI; if someone imported it earlier, check below.
-    mpi4py.rc.thread_level = "serialized"
-    from mpi4py import MPI
-
-    provided = MPI.Query_thread()
-    if provided < MPI.THREAD_SERIALIZED:
-        names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED"}
-        raise CoreCPUError(
-            f"MPI was initialised with thread level {names.get(provided, provided)}, but the all-reduce thread needs "
-            "SERIALIZED or MULTIPLE; do not import mpi4py.MPI with mpi4py.rc.thread_level set lower"
-        )
-    return MPI
-
-
 # ---------------------------------------------------------------- the comm thread and the hook
 
 
-class MpiGradientAllreduce:
-    """Averages DDP gradient buckets with MPI Allreduce on one dedicated daemon thread.
+class MpiGradientAllreduce(ThreadedGradientAllreduce):
+    """Averages DDP gradient buckets with MPI Allreduce on the comm thread (corecpu.distributed.comm_thread).
 
-    The result is what DDP computes without a hook: each bucket is scaled by 1/world
-    (the same fp32 multiply DDP's reducer applies) and summed. With 2 ranks the sum of
-    two numbers does not depend on order, so parameters are bit-identical to gloo's path;
-    with more ranks MPI and gloo may add in different orders (fp32 rounding differs).
+    With 2 ranks the sum of two numbers does not depend on order, so parameters are bit-identical to
+    gloo's path; with more ranks MPI and gloo may add in different orders (fp32 rounding differs).
     """
+
+    label = "MPI all-reduce"
 
     def __init__(self, info: LaunchInfo, comm: Any = None, mpi: Any = None,
                  node: NodePlan | None = None) -> None:
@@ -160,69 +150,18 @@ class MpiGradientAllreduce:
             node = node or NodePlan(info, os.environ)
             apply_wait_mode(os.environ, lambda: node.env)  # only matters before MPI_Init, which happens next
             os.environ.setdefault(ALGORITHM_VAR, RING)
-            mpi = _init_mpi()
+            mpi = init_mpi()
             comm = mpi.COMM_WORLD
         self.comm = comm
         self._in_place, self._sum = mpi.IN_PLACE, mpi.SUM
-        self.rank, self.world_size = comm.Get_rank(), comm.Get_size()
+        self.rank, world_size = comm.Get_rank(), comm.Get_size()
         expect = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (info.rank, info.world_size)
-        if (self.rank, self.world_size) != expect:
+        if (self.rank, world_size) != expect:
             raise CoreCPUError(
-                f"MPI says rank {self.rank} of {self.world_size} but torch.distributed says rank {expect[0]} of "
+                f"MPI says rank {self.rank} of {world_size} but torch.distributed says rank {expect[0]} of "
                 f"{expect[1]}; start the ranks with one mpirun (not mpirun inside torchrun or srun), or use gloo"
             )
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="corecpu-mpi-allreduce", daemon=True)
-        self._thread.start()
-
-    def allreduce_async(self, tensor: torch.Tensor, scale: float | None = None) -> torch.futures.Future:
-        """Sum `tensor` in place over all ranks (after multiplying by `scale`); the Future yields it.
-
-        Every rank must call this in the same order with tensors of the same size and dtype.
-        """
-        import torch
-
-        if not self._thread.is_alive():
-            raise CoreCPUError("the MPI all-reduce thread has stopped (close() was called or it failed); "
-                               "create a new MpiGradientAllreduce")
-        fut: torch.futures.Future = torch.futures.Future()
-        self._queue.put((tensor, scale, fut))
-        return fut
-
-    def register(self, ddp: DistributedDataParallel) -> None:
-        """Install the communication hook: DDP hands each gradient bucket to the comm thread."""
-        scale = 1.0 / self.world_size
-
-        # No annotations: DDP compares them with the real classes, and this module's are strings.
-        def mpi_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-            return self.allreduce_async(bucket.buffer(), scale)
-
-        ddp.register_comm_hook(None, mpi_allreduce_hook)
-
-    def close(self) -> None:
-        """Stop the comm thread after the queued all-reduces. MPI_Finalize at exit is mpi4py's."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
-
-    def __enter__(self) -> "MpiGradientAllreduce":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _serve(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            tensor, scale, fut = item
-            try:
-                result = self._reduce(tensor, scale)
-            except BaseException as exc:  # the waiting backward must see it, whatever it is
-                fut.set_exception(exc)
-                continue
-            fut.set_result(result)
+        super().__init__(world_size, "corecpu-mpi-allreduce")
 
     def _reduce(self, tensor: torch.Tensor, scale: float | None) -> torch.Tensor:
         import numpy as np
@@ -241,4 +180,67 @@ class MpiGradientAllreduce:
         return tensor
 
 
-__all__ = ["ALLREDUCE_CHOICES", "MpiGradientAllreduce", "apply_wait_mode", "choose_allreduce", "mpi4py_importable"]
+# ---------------------------------------------------------------- every path behind one interface
+
+
+class GradientAllreduce(Protocol):
+    """What each path offers: DDP registration, and a direct all-reduce for timing it (a start-up
+    measurement or benchmarks/allreduce.py calls `allreduce_async(t, 1 / world).wait()` on every rank)."""
+
+    def allreduce_async(self, tensor: torch.Tensor, scale: float | None = None) -> torch.futures.Future: ...
+
+    def register(self, ddp: DistributedDataParallel) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ProcessGroupAllreduce:
+    """DDP's own all-reduce on the process group (gloo or ccl): for bf16 on the wire, torch's
+    bf16_compress_hook; for fp32 nothing is registered and DDP runs exactly as without corecpu."""
+
+    def __init__(self, wire: str = "fp32") -> None:
+        import torch
+
+        if wire not in ALLREDUCE_DTYPES:
+            raise CoreCPUError(f"all-reduce dtype {wire!r} is not one of: {', '.join(ALLREDUCE_DTYPES)}")
+        self.wire = torch.float32 if wire == "fp32" else torch.bfloat16
+
+    def allreduce_async(self, tensor: torch.Tensor, scale: float | None = None) -> torch.futures.Future:
+        import torch.distributed as dist
+
+        if scale is not None:
+            tensor.mul_(scale)
+        work = tensor if tensor.dtype == self.wire else tensor.to(self.wire)
+        fut = dist.all_reduce(work, async_op=True).get_future()
+        return fut.then(lambda _: tensor if work is tensor else tensor.copy_(work))
+
+    def register(self, ddp: DistributedDataParallel) -> None:
+        import torch
+
+        if self.wire == torch.bfloat16:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+            ddp.register_comm_hook(None, bf16_compress_hook)
+
+    def close(self) -> None:
+        pass
+
+
+def make_gradient_allreduce(path: str, info: LaunchInfo, node: NodePlan | None = None,
+                            wire: str = "fp32") -> GradientAllreduce:
+    """The object for one all-reduce `path` ("gloo" | "ccl" | "mpi" | "shm", as choose_allreduce names them),
+    `wire` fp32 or bf16. A collective for mpi and shm: every rank calls it at the same point. Raises
+    CoreCPUError (one line) where the path cannot run, so a caller may fall back to another."""
+    if path in ("gloo", "ccl"):
+        return ProcessGroupAllreduce(wire)
+    if path == "mpi":
+        if wire != "fp32":
+            raise CoreCPUError(f"MPI has no {wire} sum, so the MPI all-reduce sends fp32; use --allreduce-dtype fp32")
+        return MpiGradientAllreduce(info, node=node)
+    if path == "shm":
+        return ShmGradientAllreduce(info, wire)
+    raise CoreCPUError(f"no gradient all-reduce object for {path!r}; use one of gloo, ccl, mpi, shm")
+
+
+__all__ = ["ALLREDUCE_CHOICES", "GradientAllreduce", "MpiGradientAllreduce", "ProcessGroupAllreduce", "apply_wait_mode",
+           "choose_allreduce", "make_gradient_allreduce", "mpi4py_importable"]

@@ -41,7 +41,7 @@ FORMAT = 2  # 1: no file digests, extra keys at the top level of meta.json
 RUN_DEFINING = ("task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay",
                 "warmup_ratio", "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision",
                 "text_column", "text_pair_column", "label_column", "version_2_with_negative", "doc_stride",
-                "id_column", "question_column", "context_column", "answers_column")
+                "id_column", "question_column", "context_column", "answers_column", "allreduce_dtype")
 # What "auto" settings resolved to on the host that saved (config["resolved"]); may differ on another host.
 RESOLVED = ("precision", "backend", "allreduce", "threads")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from corecpu.compute import IPEX_CHOICES, PRECISIONS
 from corecpu.cpu.sharing import BINDING_CHOICES
-from corecpu.distributed import ALLREDUCE_CHOICES, BACKENDS
+from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS
 from corecpu.errors import CoreCPUError
 
 
@@ -30,8 +30,13 @@ class RunOptions:
                          choices=PRECISIONS)
     backend: str = opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo", choices=BACKENDS)
     allreduce: str = opt("auto", "gradient all-reduce: auto (ccl on the ccl backend; else Intel MPI's shared-memory "
-                         "collectives via mpi4py when the ranks were started by MPI, else gloo), gloo, mpi, ccl",
+                         "collectives via mpi4py when the ranks were started by MPI, else gloo), gloo, mpi, ccl, "
+                         "shm (DeepSpeed's shared-memory op inside a host, hierarchical across hosts; "
+                         "pip install 'corecpu[shm]', built once per environment in ~1 min)",
                          choices=ALLREDUCE_CHOICES)
+    allreduce_dtype: str = opt("fp32", "what gradients travel as: fp32, or bf16 (half the bytes; rounds each "
+                               "rank's gradient to bf16 before summing; shm, gloo, ccl; MPI has no bf16 sum)",
+                               choices=ALLREDUCE_DTYPES)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",

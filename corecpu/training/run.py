@@ -47,7 +47,7 @@ from corecpu.cpu.hardware import Extension, read_cpu_features
 from corecpu.cpu.node_plan import NodePlan
 from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import process_group as _pg
-from corecpu.distributed.allreduce import MpiGradientAllreduce, choose_allreduce
+from corecpu.distributed.allreduce import choose_allreduce, make_gradient_allreduce
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog
 from corecpu.training.checkpoint import LoopState
@@ -199,10 +199,10 @@ class Run:
             # Gradients written straight into the all-reduce buckets save a copy of every gradient.
             sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
             model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
-            if self.allreduce == "mpi":
-                hook = MpiGradientAllreduce(self.launch, node=self._node)  # gradient buckets over MPI; gloo the rest
-                hook.register(model)
-                self._late.closers.append(hook.close)
+            # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own (torch's bf16 hook for bf16)
+            hook = make_gradient_allreduce(self.allreduce, self.launch, self._node, self.options.allreduce_dtype)
+            hook.register(model)
+            self._late.closers.append(hook.close)
         if checkpoint is not None:
             checkpoint.attach(model, optimizer, scheduler)
         self._late.model = model
@@ -428,7 +428,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     """Detect the launcher, bind threads and CPUs, create the process group; decide once.
 
     `options` (or keyword overrides of its fields): backend auto|gloo|ccl|mpi (process group); allreduce
-    auto|gloo|mpi (gradients); precision auto|fp32|bf16; threads (0: this rank's cores); ipex auto|off;
+    auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; precision auto|fp32|bf16; threads (0: this rank's cores); ipex auto|off;
     compile; dist_timeout; step_timeout (the watchdog run.steps() runs).
     graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, and run.steps() saves and exits at the
     next step boundary (run.steps() turns it on itself when it runs in the main thread).
@@ -455,7 +455,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info, plan_env=lambda: node.env,
                               allreduce=opts.allreduce)
     try:
-        path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend)
+        path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend, dtype=opts.allreduce_dtype)
         bindings = tuple(_pg.gather_objects(_threads.binding_report()))
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),

@@ -1,6 +1,6 @@
 """What a test may not leave behind, beyond os.environ and the process group (tests/conftest.py checks
 those itself): corecpu's own threads, all named "corecpu-..." (heartbeat, watchdog, stop-signals,
-mpi-allreduce, launcher-watch, rendezvous)."""
+mpi-allreduce, shm-allreduce, launcher-watch, rendezvous)."""
 
 from __future__ import annotations
 
