@@ -138,6 +138,8 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
         share = (node or NodePlan(info, os.environ)).for_rank
         planned = frozenset(share[1].pin_cpus) if share else None
         planned_threads = share[1].omp_num_threads if share else None
+        if share and share[1].comm_cpu is not None:  # as corecpu.bind exports it for the ranks it starts
+            os.environ[envvars.COMM_CPU] = str(share[1].comm_cpu)
     budget = thread_budget(os.environ, info, quota_threads(read_cpu_quota()))
     decision = decide_threads(requested, os.environ, affinity, unbound, info, planned, budget, planned_threads)
     if decision.bind_to:

@@ -107,7 +107,7 @@ def choose_allreduce(
     if not ok:
         return "gloo", f"started by {info.launcher} but {why}"
     if env.get(WAIT_MODE_VAR) == "1":
-        return "mpi", f"started by {info.launcher}; {WAIT_MODE_VAR}=1 (oversubscribed)"
+        return "mpi", f"started by {info.launcher}; {WAIT_MODE_VAR}=1 (MPI waits sleep: see `corecpu plan`)"
     return "mpi", f"started by {info.launcher}, {why}"
 
 

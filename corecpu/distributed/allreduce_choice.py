@@ -77,16 +77,16 @@ def remember(key: str, choice: str, timings: Sequence[Mapping[str, float]]) -> N
                           {"choice": choice, "timings": [dict(t) for t in timings]}, what="the all-reduce timing")
 
 
-def choose_by_measurement(paths: Mapping[str, Callable[["torch.Tensor"], None]], key: str, rank: int,
-                          gather: Callable[[Any], list[Any]], broadcast: Callable[[Any], Any],
+def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping[str, Callable[["torch.Tensor"], None]]],
+                          key: str, rank: int, gather: Callable[[Any], list[Any]],
                           barrier: Callable[[], None]) -> tuple[str, str]:
-    """Collective. Rank 0's cache entry for `key`, if any, else a fresh measurement on every rank (then cached)."""
-    entry = broadcast(cached(key) if rank == 0 else None)
-    order = list(paths)
-    if entry is not None and set(entry["timings"][0]) == set(order):
+    """Collective. The candidates `order` (in order of preference on a tie): rank 0's cache entry for `key`
+    decides if there is one; else every rank measures the paths `make_paths()` builds (then cached)."""
+    entry = gather(cached(key) if rank == 0 else None)[0]
+    if entry is not None and entry["timings"] and set(entry["timings"][0]) == set(order):
         choice, why = pick(entry["timings"], order)
         return choice, why + " (cached)"
-    timings = gather(measure(paths, barrier))
+    timings = gather(measure(make_paths(), barrier))
     choice, why = pick(timings, order)
     if rank == 0:
         remember(key, choice, timings)

@@ -12,10 +12,12 @@ corecpu.distributed.shm_allreduce) implement `_reduce(tensor, scale)` only.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import TYPE_CHECKING
 
+from corecpu import envvars
 from corecpu.errors import CoreCPUError
 
 if TYPE_CHECKING:
@@ -75,6 +77,14 @@ class ThreadedGradientAllreduce:
         self.close()
 
     def _serve(self) -> None:
+        # The plan may have found this rank's comm thread a CPU nobody computes on (corecpu.cpu.busy_threads):
+        # it polls there instead of on a core the backward pass needs. Only this thread moves.
+        cpu = os.environ.get(envvars.COMM_CPU, "")
+        if cpu.isdigit():
+            try:
+                os.sched_setaffinity(0, {int(cpu)})
+            except OSError:
+                pass  # the CPU left this process's set since planning: stay on the rank's CPUs
         while True:
             item = self._queue.get()
             if item is None:

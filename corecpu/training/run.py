@@ -48,6 +48,7 @@ from corecpu.cpu.node_plan import NodePlan
 from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import choose_allreduce, make_gradient_allreduce
+from corecpu.training import gradient_path
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog
 from corecpu.training.checkpoint import LoopState
@@ -74,6 +75,7 @@ class _Late:
     watchdog: Any = None
     step: int = 0  # the optimizer step the loop body is performing (run.steps() keeps it), for messages
     untimed_seconds: dict[str, float] = field(default_factory=dict)  # time spent per kind of untimed phase
+    gradient_allreduce: Any = None  # the path auto measured and kept (else wrap() makes the chosen one)
     closers: list[Callable[[], None]] = field(default_factory=list)
     closed: bool = False
 
@@ -200,9 +202,11 @@ class Run:
             sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
             model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
             # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own (torch's bf16 hook for bf16)
-            hook = make_gradient_allreduce(self.allreduce, self.launch, self._node, self.options.allreduce_dtype)
+            hook = self._late.gradient_allreduce
+            if hook is None:
+                hook = make_gradient_allreduce(self.allreduce, self.launch, self._node, self.options.allreduce_dtype)
+                self._late.closers.append(hook.close)
             hook.register(model)
-            self._late.closers.append(hook.close)
         if checkpoint is not None:
             checkpoint.attach(model, optimizer, scheduler)
         self._late.model = model
@@ -456,6 +460,9 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
                               allreduce=opts.allreduce)
     try:
         path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend, dtype=opts.allreduce_dtype)
+        # auto where several paths can run: timed on these ranks (cached), the winner's object kept for wrap()
+        path, path_reason, gradient_allreduce = gradient_path.settle(opts.allreduce, opts.allreduce_dtype, info,
+                                                                     pg.backend, node, path, path_reason)
         bindings = tuple(_pg.gather_objects(_threads.binding_report()))
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),
@@ -463,6 +470,9 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
                   master=f"{pg.master_addr}:{pg.master_port}" if pg.master_addr else "", bindings=bindings,
                   _node=node, **_threads.binding_of(decision, env, lambda: node.binding))
         run._late.store = pg.store
+        run._late.gradient_allreduce = gradient_allreduce
+        if gradient_allreduce is not None:
+            run._late.closers.append(gradient_allreduce.close)
         if graceful_stop:
             run._late.closers.append(preempt.uninstall)
         if opts.precision != "auto":  # explicit: known now (for bf16, wrap() may add a cached measurement's warning)

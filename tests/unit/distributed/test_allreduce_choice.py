@@ -36,12 +36,13 @@ def test_the_first_run_measures_and_caches_the_next_reads(tmp_path, monkeypatch)
     measured: list[int] = []
     monkeypatch.setattr(ac, "measure", lambda paths, barrier: measured.append(1) or {"gloo": 30.0, "mpi": 19.0})
     key = ac.cache_key("Xeon", 2, 2, 1, ["mpi", "gloo"], "2.13.0")
-    one_rank = dict(rank=0, gather=lambda x: [x, x], broadcast=lambda x: x, barrier=lambda: None)
-    paths = {"gloo": None, "mpi": None}
-    assert ac.choose_by_measurement(paths, key, **one_rank) == ("mpi", "measured one 25 MB bucket: mpi 19.0 ms, "
-                                                                       "gloo 30.0 ms")
-    choice, why = ac.choose_by_measurement(paths, key, **one_rank)
-    assert (choice, why.endswith("(cached)"), len(measured)) == ("mpi", True, 1)
+    built: list[int] = []
+    one_rank = dict(rank=0, gather=lambda x: [x, x], barrier=lambda: None)
+    make = lambda: built.append(1) or {"gloo": None, "mpi": None}  # noqa: E731 - builds the hooks: only to measure
+    assert ac.choose_by_measurement(["gloo", "mpi"], make, key, **one_rank) == (
+        "mpi", "measured one 25 MB bucket: mpi 19.0 ms, gloo 30.0 ms")
+    choice, why = ac.choose_by_measurement(["gloo", "mpi"], make, key, **one_rank)
+    assert (choice, why.endswith("(cached)"), len(measured), len(built)) == ("mpi", True, 1, 1)
     # Another candidate set (shm became available) is another key: measured afresh.
     other = ac.cache_key("Xeon", 2, 2, 1, ["mpi", "gloo", "shm"], "2.13.0")
     assert other != key and ac.cached(other) is None

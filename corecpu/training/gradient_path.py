@@ -1,0 +1,72 @@
+"""`--allreduce auto`: which gradient path a run uses, measured on the job's own ranks where there is a choice.
+
+choose_allreduce (corecpu.distributed.allreduce) names the path the rules allow; where more than one
+path can run here (gloo or ccl, DDP's own; the Intel MPI hook when MPI started the ranks; DeepSpeed's
+shared-memory op when the `shm` extra is installed), every rank times them together and the fastest
+wins (corecpu.distributed.allreduce_choice, cached per kind of machine). The winner's object is kept
+for run.wrap(), so an MPI or shared-memory set-up is not paid twice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from corecpu.cluster.launchers import LaunchInfo
+from corecpu.cpu.hardware import read_cpu_features
+from corecpu.distributed import process_group as _pg
+from corecpu.distributed.allreduce import GradientAllreduce, make_gradient_allreduce, mpi4py_importable
+from corecpu.distributed.allreduce_choice import cache_key, choose_by_measurement
+from corecpu.distributed.shm_allreduce import shm_status
+
+if TYPE_CHECKING:
+    import torch
+
+    from corecpu.cpu.node_plan import NodePlan
+
+
+def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,
+               shm_ok: Callable[[], tuple[bool, str]] = shm_status) -> list[str]:
+    """The paths that can run for this rank, DDP's own first (it wins a tie: no extra thread)."""
+    paths = ["ccl" if backend == "ccl" else "gloo"]
+    if info.mpi_world and mpi_ok()[0]:
+        paths.append("mpi")
+    if shm_ok()[0]:
+        paths.append("shm")
+    return paths
+
+
+def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "NodePlan", path: str,
+           reason: str) -> tuple[str, str, GradientAllreduce | None]:
+    """Collective for auto with more than one rank: (path, why, the winner's object or None). Anything else
+    passes `path` and `reason` through."""
+    if requested != "auto" or not info.distributed or dtype != "fp32":
+        return path, reason, None
+    import torch
+
+    everyone = _pg.gather_objects(candidates(info, backend))
+    order = [p for p in everyone[0] if all(p in other for other in everyone)]  # a path must run on every rank
+    if len(order) < 2:
+        return path, reason, None
+    key = cache_key(read_cpu_features().model_name, info.world_size, info.local_world_size, torch.get_num_threads(),
+                    order, torch.__version__)
+    built: dict[str, GradientAllreduce] = {}
+
+    def make_paths() -> Mapping[str, Callable[["torch.Tensor"], None]]:
+        scale = 1.0 / info.world_size
+        for p in order:
+            built[p] = make_gradient_allreduce(p, info, node)
+        return {p: (lambda h: lambda t: h.allreduce_async(t, scale).wait())(h) for p, h in built.items()}
+
+    try:
+        choice, why = choose_by_measurement(order, make_paths, key, info.rank, _pg.gather_objects, _pg.barrier)
+    except BaseException:
+        for h in built.values():
+            h.close()
+        raise
+    keep = built.pop(choice, None)
+    for h in built.values():
+        h.close()
+    return choice, why, keep
+
+
+__all__ = ["candidates", "settle"]
