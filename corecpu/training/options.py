@@ -29,8 +29,9 @@ class RunOptions:
                          "for this model (timed once per CPU, cached in ~/.cache/corecpu), else fp32",
                          choices=PRECISIONS)
     backend: str = opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo", choices=BACKENDS)
-    allreduce: str = opt("auto", "gradient all-reduce: auto (ccl on the ccl backend; else Intel MPI's shared-memory "
-                         "collectives via mpi4py when the ranks were started by MPI, else gloo), gloo, mpi, ccl, "
+    allreduce: str = opt("auto", "gradient all-reduce: auto (every path that can run here is timed on one 25 MB "
+                         "bucket at start-up, cached per kind of machine, and the fastest kept), gloo, mpi "
+                         "(Intel MPI via mpi4py, ranks started by MPI), ccl, "
                          "shm (DeepSpeed's shared-memory op inside a host, hierarchical across hosts; "
                          "pip install 'corecpu[shm]', built once per environment in ~1 min)",
                          choices=ALLREDUCE_CHOICES)
