@@ -4,6 +4,8 @@ evaluations as main before it, and resumes bit for bit from a checkpoint that ma
 Both sides run here, on this machine, in this test: main before the reshape is exported from git
 history (`git archive`), so the comparison is exact (fp32, 2 ranks, tiny model, every step logged),
 with gradient accumulation, a short last group, an epoch boundary and evaluation inside the window.
+One deliberate change since: each rank evaluates its shard longest first (issue 16), so the mean eval loss
+is summed in another order; it is compared to 1e-6 relative, everything else exactly.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ def _records(out: Path) -> list[dict]:
     return [{k: r[k] for k in keep if k in r} for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())]
 
 
+def _same(after: list[dict], before: list[dict]) -> None:
+    assert len(after) == len(before)
+    for a, b in zip(after, before):
+        assert a.keys() == b.keys(), (a, b)
+        if "eval_loss" in b:
+            assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-6), (a, b)
+            a, b = {k: v for k, v in a.items() if k != "eval_loss"}, {k: v for k, v in b.items() if k != "eval_loss"}
+        assert a == b
+
+
 def _checksums(out: Path) -> list[float]:
     return [r["param_checksum"] for r in json.loads((out / "summary.json").read_text())["ranks"]]
 
@@ -60,7 +72,7 @@ def test_same_losses_and_evaluations_as_before_the_reshape(before, tmp_path):
     _run(["bash", str(ROOT / "launch.sh"), "2", *ARGS, "--output-dir", str(out)], cwd=ROOT, env=_env())
     expected = _records(before)
     assert len([r for r in expected if "loss" in r]) == 126 and len([r for r in expected if "eval_loss" in r]) == 2
-    assert _records(out) == expected
+    _same(_records(out), expected)
     assert _checksums(out) == _checksums(before)
 
 
@@ -72,5 +84,5 @@ def test_resumes_exactly_from_a_checkpoint_written_before_the_reshape(before, tm
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(before) if r["step"] <= 50))
     _run(["bash", str(ROOT / "launch.sh"), "2", *ARGS, "--resume", "auto", "--output-dir", str(out)], cwd=ROOT,
          env=_env())
-    assert _records(out) == _records(before)  # steps 51-126 (an epoch boundary, two evaluations) the same
+    _same(_records(out), _records(before))  # steps 51-126 (an epoch boundary, two evaluations) the same
     assert _checksums(out) == _checksums(before)
