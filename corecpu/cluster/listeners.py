@@ -44,6 +44,20 @@ class Listener:
         return (mapped or address).is_loopback
 
 
+def listen_on(ip: str, port: int) -> socket.socket:
+    """A socket listening on ip:port (0: any free port), for a store that takes one (TCPStore's
+    `master_listen_fd`), so it listens where the caller chose and nowhere else."""
+    sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT may linger
+    try:
+        sock.bind((ip, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _address(hex_addr: str) -> str:
     raw = bytes.fromhex(hex_addr)
     if len(raw) == 4:

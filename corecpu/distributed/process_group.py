@@ -42,7 +42,7 @@ from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import Extension, ccl_installed, ccl_status
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
-from corecpu.cluster.listeners import wildcard_listener_on
+from corecpu.cluster.listeners import listen_on, wildcard_listener_on
 
 log = logging.getLogger("corecpu")
 
@@ -200,19 +200,6 @@ def open_agent_store(port: int, find: Callable[[int], object] = wildcard_listene
             "127.0.0.1), or keep the port firewalled")
 
 
-def _listen(bind_ip: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in bind_ip else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT may linger
-    try:
-        sock.bind((bind_ip, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def _probe(ip: str, port: int, deadline: float) -> str | None:
     """Wait until something accepts TCP connections at ip:port. None on success, else the last error.
 
@@ -290,7 +277,7 @@ def _connect(info: LaunchInfo, pg: ProcessGroup, ip: str, startup_timeout_s: flo
     serve = info.rank == 0 and not agent_store
     if serve:
         try:
-            listen_fd = _listen(store_bind_address(ip, all_local), pg.master_port).detach()
+            listen_fd = listen_on(store_bind_address(ip, all_local), pg.master_port).detach()
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise CoreCPUError(f"MASTER_PORT {pg.master_port} is already in use on this host; "

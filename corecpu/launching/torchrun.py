@@ -26,6 +26,8 @@ import socket
 import sys
 from typing import Any, Sequence
 
+from corecpu.cluster.listeners import listen_on
+
 EXIT_STOPPED = 75  # a rank stopped on request and saved (corecpu.reliability.preempt.EXIT_STOPPED; torch-free here)
 # TCPStore(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv)
 _POSITIONAL = ("host_name", "port", "world_size", "is_master", "timeout", "wait_for_workers", "multi_tenant",
@@ -44,25 +46,12 @@ def loopback_ip(host: str) -> str | None:
     return next((ip for ip in ips if ":" not in ip), ips[0])  # "localhost": 127.0.0.1 rather than ::1
 
 
-def listen_socket(ip: str, port: int) -> int:
-    """A listening socket on ip:port (0: any free port), as a descriptor TCPStore takes over."""
-    sock = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore does: TIME_WAIT may linger
-    try:
-        sock.bind((ip, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock.detach()
-
-
 def loopback_store_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """TCPStore's arguments as keywords, with a loopback listening socket for a loopback server."""
     bound = {**dict(zip(_POSITIONAL, args)), **kwargs}
     ip = loopback_ip(str(bound.get("host_name", "")))
     if bound.get("is_master") and bound.get("master_listen_fd") is None and ip is not None:
-        bound["master_listen_fd"] = listen_socket(ip, int(bound.get("port", 0)))
+        bound["master_listen_fd"] = listen_on(ip, int(bound.get("port", 0))).detach()
     return bound
 
 
