@@ -160,8 +160,22 @@ def _probe_extension(module: str, dist_names: tuple[str, ...]) -> Extension:
     return Extension(module, True, f"{module} {version} matches torch {_torch_version()}")
 
 
+# IPEX 2.8 (the last) imports transformers.modeling_attn_mask_utils, which transformers 5.24 removed;
+# its import then fails with a NameError that names neither package.
+IPEX_TRANSFORMERS_HINT = "IPEX 2.8 imports modules transformers 5.24 removed: pip install 'transformers<5.24'"
+
+
 def ipex_status() -> Extension:
-    return _probe_extension("intel_extension_for_pytorch", ("intel_extension_for_pytorch", "intel-extension-for-pytorch"))
+    status = _probe_extension("intel_extension_for_pytorch", ("intel_extension_for_pytorch", "intel-extension-for-pytorch"))
+    if not status.usable and "failed to import" in status.reason and _transformers_at_least(5, 24):
+        return Extension(status.name, False, f"{status.reason}; {IPEX_TRANSFORMERS_HINT}")
+    return status
+
+
+def _transformers_at_least(major: int, minor: int) -> bool:
+    version = installed_version(("transformers",)) or "0"
+    parts = [int(p) for p in version.split(".")[:2] if p.isdigit()]
+    return tuple(parts) >= (major, minor)
 
 
 CCL = ("oneccl_bindings_for_pytorch", ("oneccl_bind_pt", "oneccl-bind-pt"))

@@ -78,3 +78,21 @@ def test_cpuid_flags_are_read_once_per_boot(tmp_path, monkeypatch):
     assert hw._cpuid_flags(boot) == first and len(calls) == 1  # the cache answered
     boot.write_text("b2\n")  # a reboot (or another machine sharing the home directory's cache)
     assert hw._cpuid_flags(boot) == first and len(calls) == 2
+
+
+def test_ipex_import_failure_names_the_transformers_bound_only_where_it_applies(monkeypatch):
+    from corecpu.cpu import hardware
+
+    failed = hardware.Extension("intel_extension_for_pytorch", False,
+                                "intel_extension_for_pytorch 2.8.0 failed to import: name 'X' is not defined")
+    monkeypatch.setattr(hardware, "_probe_extension", lambda *a: failed)
+    versions = {"transformers": "5.24.0"}
+    monkeypatch.setattr(hardware, "installed_version", lambda names: versions.get(names[0]))
+    status = hardware.ipex_status()
+    assert not status.usable and status.reason.endswith("pip install 'transformers<5.24'")
+    versions["transformers"] = "5.23.0"
+    assert hardware.ipex_status() == failed
+    missing = hardware.Extension("intel_extension_for_pytorch", False, "intel_extension_for_pytorch is not installed")
+    monkeypatch.setattr(hardware, "_probe_extension", lambda *a: missing)
+    versions["transformers"] = "5.24.0"
+    assert hardware.ipex_status() == missing
