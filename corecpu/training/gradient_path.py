@@ -36,10 +36,11 @@ def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, 
 
 
 def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "NodePlan", path: str,
-           reason: str) -> tuple[str, str, GradientAllreduce | None]:
+           reason: str, backend_requested: str = "auto") -> tuple[str, str, GradientAllreduce | None]:
     """Collective for auto with more than one rank: (path, why, the winner's object or None). Anything else
-    passes `path` and `reason` through."""
-    if requested != "auto" or not info.distributed or dtype != "fp32":
+    passes `path` and `reason` through, as does an explicit `--backend ccl` (`backend_requested`): a user
+    who names ccl gets DDP's buckets on it, unmeasured."""
+    if requested != "auto" or not info.distributed or dtype != "fp32" or backend_requested == "ccl":
         return path, reason, None
     import torch
 

@@ -462,7 +462,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
         path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend, dtype=opts.allreduce_dtype)
         # auto where several paths can run: timed on these ranks (cached), the winner's object kept for wrap()
         path, path_reason, gradient_allreduce = gradient_path.settle(opts.allreduce, opts.allreduce_dtype, info,
-                                                                     pg.backend, node, path, path_reason)
+                                                                     pg.backend, node, path, path_reason,
+                                                                     backend_requested=opts.backend)
         bindings = tuple(_pg.gather_objects(_threads.binding_report()))
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),

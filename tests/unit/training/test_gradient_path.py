@@ -23,5 +23,8 @@ def test_explicit_choices_bf16_wires_and_single_processes_are_not_measured() -> 
     mpi = detect_launcher(MPI)
     assert gradient_path.settle("mpi", "fp32", mpi, "gloo", None, "mpi", "requested") == ("mpi", "requested", None)
     assert gradient_path.settle("auto", "bf16", mpi, "gloo", None, "gloo", "bf16") == ("gloo", "bf16", None)
+    # --backend ccl named by the user keeps DDP's buckets on ccl; only --backend auto's ccl is timed.
+    assert gradient_path.settle("auto", "fp32", mpi, "ccl", None, "ccl", "ddp", backend_requested="ccl") == \
+        ("ccl", "ddp", None)
     one = detect_launcher({})
     assert gradient_path.settle("auto", "fp32", one, "gloo", None, "none", "single process")[2] is None
