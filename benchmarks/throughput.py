@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -246,6 +247,9 @@ def main() -> None:
                              "ratios against trainer_ddp); its numbers are in README.md; re-run to get a new one")
         print_tables(result, args.markdown)
         return
+    if any(v.startswith("trainer_") for v in args.order) and importlib.util.find_spec("accelerate") is None:
+        raise SystemExit("throughput.py: error: the Trainer variants need accelerate, which this Python lacks; "
+                         "pip install -e '.[bench]' (or drop them with --variants corecpu)")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-throughput-"))
     work.mkdir(parents=True, exist_ok=True)
     data_cfg, data_info = prepare_data(args, work)
