@@ -42,6 +42,7 @@ ONECCL = "2022.2.0"
 PATCH = Path(__file__).with_name("patches") / f"torch-ccl-{COMMIT[:7]}.patch"
 DIST_NAME = "oneccl_bind_pt"  # what setup.py calls the wheel (CCL_PACKAGE_NAME), as Intel published it
 MIN_TORCH = (2, 8)
+BUILD_SETUPTOOLS = "setuptools>=70.1"
 
 
 @dataclass(frozen=True)
@@ -157,9 +158,16 @@ def build_wheel(target: Target, source: Source, work: Path, jobs: int, report: R
                               f"oneccl-cpu=={ONECCL}", f"oneccl-cpu-devel=={ONECCL}"))
     so2 = report.timed("Intel's libccl.so.2 from the oneccl wheel", lambda: libccl2(target, work.parent))
     shutil.copy2(so2, prefix / "lib" / "libccl.so.2")  # type: ignore[arg-type]
+    # --no-build-isolation builds with the environment's own setuptools, and a venv made by Python 3.11-3.12's
+    # ensurepip has 65.5, which lacks bdist_wheel (built in since 70.1). A newer one goes on the build's path
+    # only, so the environment is left as it was.
+    tools = work / "build-tools"
+    report.timed(f"{BUILD_SETUPTOOLS} for the build (outside the environment)",
+                 lambda: _pip(target, "install", "--no-deps", "--target", str(tools), BUILD_SETUPTOOLS))
     log = work / "build.log"
     dist = work / "dist"
     env = build_env(os.environ, prefix, jobs)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tools), env.get("PYTHONPATH", "")) if p)
 
     def build() -> None:
         with open(log, "w") as out:

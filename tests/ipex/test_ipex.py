@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from corecpu.cpu.hardware import ipex_status, read_cpu_features
+from corecpu.cpu.hardware import CCL, installed_extension, ipex_status, read_cpu_features
 from helpers.common import ROOT, free_port
 
 # ipex_status() compares versions before importing: IPEX built for another torch does not raise
@@ -38,6 +39,7 @@ PRECISIONS = [
         not read_cpu_features().has_native_bf16, reason="IPEX bf16 training needs a CPU with avx512_bf16 or amx_bf16")),
 ]
 COMMON = ["--model", "tiny", "--progress", "off", "--eval-data", "none", "--log-every", "5"]
+_CCL_PROBLEM = installed_extension(*CCL)
 
 
 def train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -51,6 +53,25 @@ def weights(path: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(path))
+
+
+def _env_dir() -> Path:
+    env_dir = Path(sys.executable).parent.parent
+    if not (env_dir / ".corecpu-installed").is_file():
+        pytest.skip("launch.sh would install the project into this env; run through tests/ipex_env.sh")
+    return env_dir
+
+
+def _best_precision() -> str:
+    return "bf16" if read_cpu_features().has_native_bf16 else "fp32"
+
+
+def _launch_sh(*args: str) -> subprocess.CompletedProcess:
+    """./launch.sh 2 from this env, as a user who activated it would run it."""
+    env_dir = _env_dir()
+    return subprocess.run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "VIRTUAL_ENV": str(env_dir),
+                                                       "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}"})
 
 
 @pytest.fixture(scope="module", params=PRECISIONS)
@@ -130,8 +151,7 @@ def test_ipex_off_never_imports_ipex(tmp_path):
 
 def test_two_ranks_with_ipex_stay_in_sync(tmp_path):
     # torchrun, not launch.sh: launch.sh would pip-install the project's torch pin into this env.
-    out = tmp_path / "run"
-    precision = "bf16" if read_cpu_features().has_native_bf16 else "fp32"
+    out, precision = tmp_path / "run", _best_precision()
     torchrun = Path(sys.executable).parent / "torchrun"
     proc = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(free_port()),
                            str(ROOT / "train.py"), *COMMON, "--precision", precision, "--max-steps", "6",
@@ -147,17 +167,50 @@ def test_two_ranks_with_ipex_stay_in_sync(tmp_path):
 def test_launch_sh_two_ranks_with_ipex(tmp_path):
     # What a user runs: launch.sh (Intel MPI's mpirun, corecpu.bind) from the IPEX environment.
     # launch.sh installs into the active env unless its stamp matches; ipex_env.sh writes that stamp.
-    env_dir = Path(sys.executable).parent.parent
-    if not (env_dir / ".corecpu-installed").is_file():
-        pytest.skip("launch.sh would install the project into this env; run through tests/ipex_env.sh")
-    out = tmp_path / "run"
-    precision = "bf16" if read_cpu_features().has_native_bf16 else "fp32"
-    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, "--precision", precision, "--max-steps", "6",
-                           "--save-every", "3", "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "VIRTUAL_ENV": str(env_dir),
-                                            "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}"})
+    out, precision = tmp_path / "run", _best_precision()
+    proc = _launch_sh("--precision", precision, "--max-steps", "6", "--save-every", "3", "--output-dir", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 rank(s) via" in proc.stdout and f"ipex: ipex.optimize applied ({precision})" in proc.stdout
     ranks = json.loads((out / "summary.json").read_text())["ranks"]
     assert len(ranks) == 2 and ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000003", "step-00000006"]
+
+
+def _ipexrun_env(output: str) -> dict[str, str]:
+    """The variables ipexrun says it exported to every rank ("... env: KEY=VALUE" lines)."""
+    return dict(m.groups() for m in re.finditer(r"env: (\w+)=(\S*)", output))
+
+
+def test_ipexrun_with_ipex_and_bf16_binds_as_corecpus_plan(tmp_path):
+    """The command README gives: `ipexrun cpu --nnodes 1 --nprocs-per-node 2 --ccl-worker-count 0 train.py`, with
+    IPEX and bf16, and `--backend auto`: ccl where the bindings are built for this torch, else gloo. ipexrun
+    binds the ranks and reserves oneCCL's worker cores itself; corecpu must run in that binding, and for the
+    same ranks on the same machine its own plan must bind the same way."""
+    env_dir, out, precision = _env_dir(), tmp_path / "run", _best_precision()
+    proc = subprocess.run([str(env_dir / "bin" / "ipexrun"), "cpu", "--nnodes", "1", "--nprocs-per-node", "2",
+                           "--ccl-worker-count", "0", "--master-port", str(free_port()), str(ROOT / "train.py"),
+                           *COMMON, "--backend", "auto", "--precision", precision, "--max-steps", "6",
+                           "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"ipex: ipex.optimize applied ({precision})" in proc.stdout
+    config = json.loads((out / "config.json").read_text())
+    backend = "gloo" if _CCL_PROBLEM else "ccl"
+    assert config["resolved"]["backend"] == backend, (config["resolved"], config["decisions"]["backend"])
+    ranks = json.loads((out / "summary.json").read_text())["ranks"]
+    assert len(ranks) == 2 and ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+
+    given = _ipexrun_env(proc.stdout + proc.stderr)
+    plan = json.loads(subprocess.run([sys.executable, "-m", "corecpu.cli", "plan", "--nproc", "2", "--backend", "ccl",
+                                      "--binding", "core", "--json"], cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    # Same cores per rank, same threads, the same CPUs (here: none) left to oneCCL's workers.
+    assert given["I_MPI_PIN_DOMAIN"] == plan["env"]["I_MPI_PIN_DOMAIN"], (given, plan["env"])
+    assert int(given["OMP_NUM_THREADS"]) == plan["ranks"][0]["omp_num_threads"], (given, plan["ranks"])
+    reserved = sorted(c for r in plan["ranks"] for c in r["ccl_worker_cpus"])
+    assert sorted(int(c) for c in given["CCL_WORKER_AFFINITY"].split(",") if c) == reserved, (given, plan["ranks"])
+    # ... and rank 0 ran in ipexrun's binding, with oneCCL settings that say where its collectives progress.
+    decisions = config["decisions"]
+    assert decisions["cpus"] == plan["ranks"][0]["cpus"] and "launcher bound" in decisions["threads"], decisions
+    assert decisions["launcher"].startswith("intel-mpi: rank 0 of 2"), decisions["launcher"]
+    if backend == "ccl":
+        assert "CCL_PROCESS_LAUNCHER=hydra" in decisions["backend"], decisions["backend"]
