@@ -35,12 +35,14 @@ TORCH_INDEX = "CORECPU_TORCH_INDEX"
 # Set by the user (CI: the vendored tarball), read by `corecpu build-ccl`: the oneCCL bindings' source, a
 # directory, a tarball or a git URL@COMMIT (default: upstream), verified against the pinned SHA-256.
 CCL_SOURCE = "CORECPU_CCL_SOURCE"
+# Set by the user, read by tests/ccl (the DDP stress run): its number of steps (default 100; 2000 for the long run).
+CCL_STRESS_STEPS = "CORECPU_CCL_STRESS_STEPS"
 
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
 ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, TTY, LAUNCHER_PID, LOG_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
-       SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
+       CCL_STRESS_STEPS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:

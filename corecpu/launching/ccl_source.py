@@ -102,7 +102,10 @@ def fetch_source(source: Source, dest: Path, expect_tree: str = TREE_SHA256) -> 
             raise CoreCPUError(f"{source.location} has SHA-256 {got}, not the pinned {TARBALL_SHA256} of torch-ccl "
                                f"{COMMIT[:7]}; use the tarball from shared/vendor/ or {envvars.CCL_SOURCE}={DEFAULT_SOURCE}")
         with tarfile.open(source.location) as tar:
-            tar.extractall(dest / "src", filter="data")
+            try:
+                tar.extractall(dest / "src", filter="data")
+            except TypeError:  # Python < 3.11.4 (Debian 12's 3.11.2) has no filter; the digest was checked above
+                tar.extractall(dest / "src")
         tree = _single_top(dest / "src")
     elif source.kind == "dir":
         tree = dest / "src"

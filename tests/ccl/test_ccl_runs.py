@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from corecpu import envvars
 from corecpu.reliability.preempt import EXIT_STOPPED
 from helpers.ccl import needs_ccl
 from helpers.chaoslib import (ROOT, TINY, complete_checkpoint, launch_env, losses, rank_pids, run, start, survivors,
@@ -163,7 +164,7 @@ def test_ddp_stress_with_many_buckets_never_hangs_or_drifts(tmp_path):
     allreduce_hook) under mpirun: no hang, and the ranks' parameters equal every 100 steps. CI runs 100 steps
     (about 0.45 s each here, most of it the all-reduces); CORECPU_CCL_STRESS_STEPS=N runs the long version
     (2000 steps: 894 s, passed)."""
-    steps = int(os.environ.get("CORECPU_CCL_STRESS_STEPS", "100"))
+    steps = int(os.environ.get(envvars.CCL_STRESS_STEPS, "100"))
     report = tmp_path / "report"
     proc = subprocess.run([sys.executable, "-m", "corecpu.launch", "-n", "2", str(WORKERS / "ccl_ddp_stress.py"),
                            str(report), str(steps)],
