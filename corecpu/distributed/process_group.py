@@ -40,7 +40,7 @@ import torch.distributed as dist
 from corecpu.distributed import BACKENDS
 from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
-from corecpu.cpu.hardware import Extension, ccl_installed, ccl_status
+from corecpu.cpu.hardware import CCL, Extension, ccl_installed, ccl_status, installed_version
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.cluster.listeners import listen_on, wildcard_listener_on
 
@@ -62,6 +62,9 @@ class ProcessGroup:
     master_port: int
     # The rendezvous store (a TCPStore served by rank 0): the watchdog publishes heartbeats in it.
     store: Any = field(default=None, compare=False, repr=False)
+    # --backend auto found ccl usable but started gloo, because this host's cached measurement sends the
+    # gradients another way (see init_distributed's `gloo_instead`).
+    ccl_skipped: bool = False
 
 
 def choose_backend(requested: str, allreduce: str = "auto",
@@ -265,9 +268,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _connect(info: LaunchInfo, pg: ProcessGroup, ip: str, startup_timeout_s: float, all_local: bool, backend: str,
-             agent_store: bool) -> dist.Store:
-    """Store and process group, within startup_timeout_s + STARTUP_GRACE_S whatever the peers do.
+def _connect(info: LaunchInfo, pg: ProcessGroup, ip: str, startup_timeout_s: float, all_local: bool,
+             agent_store: bool, decide: Callable[[dist.Store], tuple[str, str]]) -> tuple[dist.Store, str, str]:
+    """Store and process group, within startup_timeout_s + STARTUP_GRACE_S whatever the peers do: (store,
+    backend, why). `decide(store)` names the backend once the store exists (every rank must name the same).
 
     `agent_store`: torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; every rank is its client.
     """
@@ -293,19 +297,20 @@ def _connect(info: LaunchInfo, pg: ProcessGroup, ip: str, startup_timeout_s: flo
                                "or raise --dist-timeout")
     stage = {"store": False}
 
-    def rendezvous() -> dist.Store:
+    def rendezvous() -> tuple[dist.Store, str, str]:
         remaining = timedelta(seconds=max(1.0, deadline - time.monotonic()))
         store = dist.TCPStore(ip, pg.master_port, info.world_size, is_master=serve, timeout=remaining,
                               wait_for_workers=True, master_listen_fd=listen_fd)
         stage["store"] = True
+        backend, why = decide(store)
         dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size,
                                 timeout=COLLECTIVE_TIMEOUT)
-        return store
+        return store, backend, why
 
     with _quiet_stderr():
-        finished, store, error = call_within(deadline - time.monotonic() + STARTUP_GRACE_S, rendezvous)
+        finished, result, error = call_within(deadline - time.monotonic() + STARTUP_GRACE_S, rendezvous)
     if finished and error is None:
-        return store  # type: ignore[return-value]
+        return result  # type: ignore[return-value]
     cause = f" ({_first_line(error)})" if error is not None else ""
     if not serve and not stage["store"]:
         raise CoreCPUError(f"rank {info.rank} reached {where} but no corecpu rank 0 answered there within "
@@ -316,6 +321,14 @@ def _connect(info: LaunchInfo, pg: ProcessGroup, ip: str, startup_timeout_s: flo
                        "or raise --dist-timeout")
 
 
+def rank0_decides(store: dist.Store, rank: int, key: str, ask: Callable[[], str]) -> str:
+    """Rank 0's `ask()`, published under `key` and read by every rank: one answer even where the ranks'
+    own views (a cache file another job just rewrote, another host's copy) would differ."""
+    if rank == 0:
+        store.set(key, ask())
+    return store.get(key).decode()
+
+
 def init_distributed(
     backend: str = "auto",
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
@@ -323,10 +336,15 @@ def init_distributed(
     info: LaunchInfo | None = None,
     plan_env: Callable[[], Mapping[str, str]] = dict,
     allreduce: str = "auto",
+    gloo_instead: Callable[[], str] | None = None,
 ) -> ProcessGroup:
     """For more than one rank, create the process group. `info` is the launcher detected once by the
     caller (corecpu.setup); without it the environment is read here. `plan_env()` is this node's plan's
     environment where corecpu.bind did not already apply it (oneCCL's worker and transport settings).
+
+    `gloo_instead()`, asked on rank 0 only when `backend` is auto and ccl is usable: a reason to start gloo
+    after all ("" for none). A ccl process group costs about a second more to start than a gloo one; when
+    the gradients go over another path, it would carry only small control messages, for which gloo is enough.
 
     Gives up within `startup_timeout_s` (+ a few seconds) whatever the peers do, with one line."""
     env = os.environ if env is None else env
@@ -337,26 +355,43 @@ def init_distributed(
     if info.distributed and backend in ("auto", "ccl") and allreduce != "gloo" and ccl_installed():
         # Before choose_backend imports the bindings: oneCCL may read its variables as its library loads.
         ccl_settings = apply_ccl_env(env, plan_env, info)
-    chosen, reason = choose_backend(backend, allreduce)
+    # auto with the bindings installed may still start gloo (`gloo_instead`); then they are never imported
+    # (about 1.4 s here), so that choice waits for the store, where rank 0 makes it for every rank.
+    ask = gloo_instead if backend == "auto" and ccl_settings and info.distributed else None
+    # Otherwise the choice is made here, so a backend that cannot work is a clear error before any waiting.
+    early = choose_backend(backend, allreduce) if ask is None else None
+    skipped = []
+
+    def decide(store: dist.Store) -> tuple[str, str]:
+        if ask is not None:
+            # The restart count keeps an elastic restart (same agent store) from reading the last attempt's answer.
+            key = f"corecpu/backend-choice/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+            why = rank0_decides(store, info.rank, key, ask)
+            if why:
+                skipped.append(True)
+                return "gloo", f"{CCL[0]} {installed_version(CCL[1])} is installed, but {why}"
+        chosen, reason = early or choose_backend(backend, allreduce)
+        if chosen == "ccl":
+            import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
+            reason = f"{reason}; {ccl_settings}"
+        return chosen, reason
+
     if not info.distributed:
         return ProcessGroup("none", "single process", "", 0)
     addr, port = master_address(env, info)
     # Export what was derived, so anything else reading the env:// protocol agrees.
     env.setdefault("MASTER_ADDR", addr)
     env.setdefault("MASTER_PORT", str(port))
-    if chosen == "ccl":
-        reason = f"{reason}; {ccl_settings}"
-        import oneccl_bindings_for_pytorch  # noqa: F401  (registers the "ccl" backend)
-    pg = ProcessGroup(chosen, reason, addr, port)
+    pg = ProcessGroup("", "", addr, port)
     ip = resolve_master(addr)
-    if chosen == "gloo":
+    if backend in ("auto", "gloo"):
         _pin_gloo_interface(env, addr)
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # as torch's own env:// rendezvous reads it
     all_local = info.local_world_size == info.world_size
     if agent_store and all_local and info.rank == 0 and (problem := open_agent_store(port)):
         log.warning(problem)
-    store = _connect(info, pg, ip, startup_timeout_s, all_local, chosen, agent_store)
-    return replace(pg, store=store)
+    store, chosen, reason = _connect(info, pg, ip, startup_timeout_s, all_local, agent_store, decide)
+    return replace(pg, backend=chosen, backend_reason=reason, store=store, ccl_skipped=bool(skipped))
 
 
 def teardown() -> None:

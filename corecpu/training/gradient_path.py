@@ -15,7 +15,7 @@ from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, make_gradient_allreduce, mpi4py_importable
-from corecpu.distributed.allreduce_choice import cache_key, choose_by_measurement
+from corecpu.distributed.allreduce_choice import cache_key, cached, choose_by_measurement, pick
 from corecpu.distributed.shm_allreduce import shm_status
 
 if TYPE_CHECKING:
@@ -35,21 +35,51 @@ def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, 
     return paths
 
 
-def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "NodePlan", path: str,
-           reason: str, backend_requested: str = "auto") -> tuple[str, str, GradientAllreduce | None]:
-    """Collective for auto with more than one rank: (path, why, the winner's object or None). Anything else
-    passes `path` and `reason` through, as does an explicit `--backend ccl` (`backend_requested`): a user
-    who names ccl gets DDP's buckets on it, unmeasured."""
-    if requested != "auto" or not info.distributed or dtype != "fp32" or backend_requested == "ccl":
-        return path, reason, None
+def _key(info: LaunchInfo, order: list[str]) -> str:
     import torch
 
+    return cache_key(read_cpu_features().model_name, info.world_size, info.local_world_size, torch.get_num_threads(),
+                     order, torch.__version__)
+
+
+def cached_winner_without_ccl(info: LaunchInfo, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,
+                              shm_ok: Callable[[], tuple[bool, str]] = shm_status) -> str:
+    """Rank 0, before the process group exists (for --backend auto with ccl usable): why to start gloo instead
+    of ccl, or "" to keep ccl. Gloo when this host's cached timing of the ccl candidates picked another path:
+    the process group would then carry only control messages, and a ccl one costs about a second more to
+    start (measured: 1.2 s against gloo's 0.1 s on a 2-vCPU Xeon, plus 0.5 s for its first collective)."""
+    order = candidates(info, "ccl", mpi_ok, shm_ok)
+    entry = cached(_key(info, order)) if len(order) > 1 else None
+    if entry is None or not entry["timings"] or set(entry["timings"][0]) != set(order):
+        return ""  # nothing measured yet: start ccl, so that it can be timed with the others
+    choice, why = pick(entry["timings"], order)
+    if choice == "ccl":
+        return ""
+    return (f"the gradients go over {choice} here ({why}, cached), so the process group carries only control "
+            "messages and gloo starts faster")
+
+
+def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "NodePlan", path: str,
+           reason: str, backend_requested: str = "auto", ccl_skipped: bool = False
+           ) -> tuple[str, str, GradientAllreduce | None]:
+    """Collective for auto with more than one rank: (path, why, the winner's object or None). Anything else
+    passes `path` and `reason` through, as does an explicit `--backend ccl` (`backend_requested`): a user
+    who names ccl gets DDP's buckets on it, unmeasured. `ccl_skipped`: --backend auto started gloo because
+    the cached timing with ccl among the candidates picked another path; that timing decides here too."""
+    if requested != "auto" or not info.distributed or dtype != "fp32" or backend_requested == "ccl":
+        return path, reason, None
     everyone = _pg.gather_objects(candidates(info, backend))
     order = [p for p in everyone[0] if all(p in other for other in everyone)]  # a path must run on every rank
     if len(order) < 2:
         return path, reason, None
-    key = cache_key(read_cpu_features().model_name, info.world_size, info.local_world_size, torch.get_num_threads(),
-                    order, torch.__version__)
+    if ccl_skipped:
+        with_ccl = ["ccl" if p == "gloo" else p for p in order]
+        entry = _pg.gather_objects(cached(_key(info, with_ccl)) if info.rank == 0 else None)[0]
+        if entry is not None and entry["timings"] and set(entry["timings"][0]) == set(with_ccl):
+            choice, why = pick(entry["timings"], with_ccl)
+            if choice in order:
+                return choice, why + " (cached)", None
+    key = _key(info, order)
     built: dict[str, GradientAllreduce] = {}
 
     def make_paths() -> Mapping[str, Callable[["torch.Tensor"], None]]:
@@ -70,4 +100,4 @@ def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "No
     return choice, why, keep
 
 
-__all__ = ["candidates", "settle"]
+__all__ = ["cached_winner_without_ccl", "candidates", "settle"]

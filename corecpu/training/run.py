@@ -46,6 +46,7 @@ from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import Extension, read_cpu_features
 from corecpu.cpu.node_plan import NodePlan
 from corecpu.data.sampling import EvalShardSampler, train_sampler
+from corecpu.distributed import mpi_init
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import choose_allreduce, make_gradient_allreduce
 from corecpu.training import gradient_path
@@ -456,14 +457,19 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
     if graceful_stop:
         preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
+    if info.mpi_world and opts.allreduce in ("auto", "mpi", "shm"):
+        mpi_init.start_early(env)  # the MPI hook (or shm's leaders) may need it; it overlaps model loading
+    measured_paths = opts.allreduce == "auto" and opts.allreduce_dtype == "fp32"
     pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info, plan_env=lambda: node.env,
-                              allreduce=opts.allreduce)
+                              allreduce=opts.allreduce,
+                              gloo_instead=(lambda: gradient_path.cached_winner_without_ccl(info)) if measured_paths else None)
     try:
         path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend, dtype=opts.allreduce_dtype)
         # auto where several paths can run: timed on these ranks (cached), the winner's object kept for wrap()
         path, path_reason, gradient_allreduce = gradient_path.settle(opts.allreduce, opts.allreduce_dtype, info,
                                                                      pg.backend, node, path, path_reason,
-                                                                     backend_requested=opts.backend)
+                                                                     backend_requested=opts.backend,
+                                                                     ccl_skipped=pg.ccl_skipped)
         bindings = tuple(_pg.gather_objects(_threads.binding_report()))
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),

@@ -97,11 +97,23 @@ def test_ddp_on_ccl_gives_gloos_losses_and_weights(tmp_path, gloo_run):
 
 
 def test_auto_picks_ccl_and_says_why(tmp_path):
+    """auto starts ccl where the bindings work and the gradient paths have not been timed here; once they
+    have, ccl stays only if it won, and otherwise gloo carries the control messages, saying why."""
+    # A machine that has timed no gradient path (the rest of the cache stays: the shm op's build, say).
+    (Path(os.environ["CORECPU_CACHE_DIR"]) / "allreduce.json").unlink(missing_ok=True)
     out = run(tmp_path, 2, *TINY, "--max-steps", "3", "--backend", "auto", name="auto").out
     config = _config(out)
     assert config["resolved"]["backend"] == "ccl"
     why = json.dumps(config["decisions"])
     assert "oneccl_bindings_for_pytorch" in why and "matches torch" in why and "CCL_WORKER" in why, why
+    winner = config["resolved"]["allreduce"]
+    again = _config(run(tmp_path, 2, *TINY, "--max-steps", "3", "--backend", "auto", name="again").out)
+    assert again["resolved"]["allreduce"] == winner and "(cached)" in again["decisions"]["allreduce"], again["decisions"]
+    if winner == "ccl":
+        assert again["resolved"]["backend"] == "ccl", again["decisions"]
+    else:
+        assert again["resolved"]["backend"] == "gloo", again["decisions"]
+        assert f"the gradients go over {winner} here" in again["decisions"]["backend"], again["decisions"]
 
 
 def test_the_builtin_job_trains_on_ccl(tmp_path):

@@ -115,3 +115,17 @@ def test_a_wildcard_torchrun_store_on_one_host_is_named():
     line = open_agent_store(29500, find=lambda port: object())
     assert line is not None and "every interface (port 29500)" in line and "--launcher torchrun" in line
     assert open_agent_store(29500, find=lambda port: None) is None
+
+
+def test_rank0_alone_decides_and_every_rank_reads_its_answer():
+    from corecpu.distributed.process_group import rank0_decides
+
+    store, asked = dist.HashStore(), []
+
+    def ask(answer: str):
+        return lambda: asked.append(answer) or answer
+
+    assert rank0_decides(store, 0, "k", ask("gloo: because")) == "gloo: because"
+    # Another rank never asks its own view (which could differ), it reads rank 0's.
+    assert rank0_decides(store, 1, "k", ask("")) == "gloo: because" and asked == ["gloo: because"]
+    assert rank0_decides(store, 0, "k2", ask("")) == "" and rank0_decides(store, 1, "k2", ask("x")) == ""
