@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The IPEX tier: build (once, cached) a torch 2.8 + intel-extension-for-pytorch 2.8 environment and
-# run tests/ipex/ (test_ipex.py) in it, including a 2-rank launch.sh run with IPEX.
+# The IPEX tier: build (once, cached) a torch 2.8 + intel-extension-for-pytorch 2.8 environment with
+# oneCCL's bindings (corecpu build-ccl) and run tests/ipex/ (test_ipex.py) in it, including 2-rank runs
+# with IPEX, bf16 and ccl through launch.sh and ipexrun.
 #
 #   tests/ipex_env.sh                 # set up or reuse the cached env, then run tests/ipex/test_ipex.py
 #   tests/ipex_env.sh -k launch       # extra arguments go to pytest
@@ -77,6 +78,14 @@ EOF
   cat "$here/pyproject.toml" "$here/constraints.txt" | cksum | cut -d' ' -f1 > "$env/.corecpu-installed"
   stamp_of > "$env/.ipex-tier-ready"
   echo "ipex_env.sh: built $env in $((SECONDS - started)) s ($(du -sh "$env" | cut -f1))" >&2
+fi
+
+# oneCCL's bindings built for this torch 2.8 (corecpu build-ccl; the wheel is cached under $cache/ccl, so a
+# rebuilt env installs it in seconds): the whole published stack, IPEX + ccl + bf16, in one environment.
+# CORECPU_CCL_SOURCE says where the bindings' source comes from, as for build-ccl itself.
+if ! "$env/bin/python" -c "import oneccl_bindings_for_pytorch" > /dev/null 2>&1; then
+  PYTHONPATH="$here" "$env/bin/python" -m corecpu.cli build-ccl >&2 \
+    || die "could not build the oneCCL bindings for torch $TORCH in $env (see above)"
 fi
 
 if (( setup_only )); then echo "$env/bin/python"; exit 0; fi

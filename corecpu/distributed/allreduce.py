@@ -196,14 +196,17 @@ class GradientAllreduce(Protocol):
 
 class ProcessGroupAllreduce:
     """DDP's own all-reduce on the process group (gloo or ccl): for bf16 on the wire, torch's
-    bf16_compress_hook; for fp32 nothing is registered and DDP runs exactly as without corecpu."""
+    bf16_compress_hook; for fp32 nothing is registered and DDP runs exactly as without corecpu.
+    `group`: a gloo group beside a ccl default group (gloo won the timing there); DDP's buckets then
+    go over it through torch's own allreduce hook."""
 
-    def __init__(self, wire: str = "fp32") -> None:
+    def __init__(self, wire: str = "fp32", group: Any = None) -> None:
         import torch
 
         if wire not in ALLREDUCE_DTYPES:
             raise CoreCPUError(f"all-reduce dtype {wire!r} is not one of: {', '.join(ALLREDUCE_DTYPES)}")
         self.wire = torch.float32 if wire == "fp32" else torch.bfloat16
+        self.group = group
 
     def allreduce_async(self, tensor: torch.Tensor, scale: float | None = None) -> torch.futures.Future:
         import torch.distributed as dist
@@ -211,19 +214,27 @@ class ProcessGroupAllreduce:
         if scale is not None:
             tensor.mul_(scale)
         work = tensor if tensor.dtype == self.wire else tensor.to(self.wire)
-        fut = dist.all_reduce(work, async_op=True).get_future()
+        fut = dist.all_reduce(work, group=self.group, async_op=True).get_future()
         return fut.then(lambda _: tensor if work is tensor else tensor.copy_(work))
 
     def register(self, ddp: DistributedDataParallel) -> None:
         import torch
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook
 
         if self.wire == torch.bfloat16:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
-
-            ddp.register_comm_hook(None, bf16_compress_hook)
+            ddp.register_comm_hook(self.group, bf16_compress_hook)
+        elif self.group is not None:
+            ddp.register_comm_hook(self.group, allreduce_hook)
 
     def close(self) -> None:
         pass
+
+
+def gloo_beside(default_backend: str) -> Any:
+    """Collective: None where the default group is gloo already, else a new gloo group of every rank."""
+    import torch.distributed as dist
+
+    return None if default_backend == "gloo" else dist.new_group(backend="gloo")
 
 
 def make_gradient_allreduce(path: str, info: LaunchInfo, node: NodePlan | None = None,
@@ -231,7 +242,11 @@ def make_gradient_allreduce(path: str, info: LaunchInfo, node: NodePlan | None =
     """The object for one all-reduce `path` ("gloo" | "ccl" | "mpi" | "shm", as choose_allreduce names them),
     `wire` fp32 or bf16. A collective for mpi and shm: every rank calls it at the same point. Raises
     CoreCPUError (one line) where the path cannot run, so a caller may fall back to another."""
-    if path in ("gloo", "ccl"):
+    if path == "gloo":
+        import torch.distributed as dist
+
+        return ProcessGroupAllreduce(wire, gloo_beside(dist.get_backend()))
+    if path == "ccl":
         return ProcessGroupAllreduce(wire)
     if path == "mpi":
         if wire != "fp32":

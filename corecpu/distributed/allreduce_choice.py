@@ -4,8 +4,9 @@ Which path is fastest depends on the machine (gloo's TCP loopback, Intel MPI's s
 DeepSpeed's shared-memory op, oneCCL) and on how busy it is, so no CPU flag can say. At start-up
 every rank all-reduces one gradient bucket (DDP's default 25 MB of fp32) through each candidate,
 interleaved, a few times; the path whose slowest rank's median is lowest wins, so a path that
-measured slower is never picked. The answer is cached per CPU model, world size, ranks per host,
-threads and candidate set (in ~/.cache/corecpu/allreduce.json, read by rank 0 and shared), so
+measured slower is never picked, and gloo is always among the candidates. The answer is cached per
+CPU model, world size, ranks per host, threads, candidate set and load (whether launch.sh found CPUs
+busy at start) (in ~/.cache/corecpu/allreduce.json, read by rank 0 and shared), so
 only the first run on a kind of machine pays the ~1 s.
 
 `pick` is pure; `measure` runs collectives given one callable per path.
@@ -42,9 +43,10 @@ def pick(timings: Sequence[Mapping[str, float]], order: Sequence[str]) -> tuple[
     return best, f"measured one {BUCKET_BYTES >> 20} MB bucket: {text}"
 
 
-def measure(paths: Mapping[str, Callable[["torch.Tensor"], None]], barrier: Callable[[], None],
+def measure(paths: Mapping[str, Callable[["torch.Tensor"], Any]], barrier: Callable[[], None],
             numel: int = BUCKET_BYTES // 4, repeats: int = REPEATS) -> dict[str, float]:
-    """Collective: median ms of one blocking all-reduce per path, interleaved, after one untimed warm-up each."""
+    """Collective: median ms of one all-reduce per path (`paths[p](buf)` returns something to .wait() on),
+    interleaved, after one untimed warm-up each."""
     import torch
 
     buf = torch.ones(numel, dtype=torch.float32)
@@ -53,16 +55,19 @@ def measure(paths: Mapping[str, Callable[["torch.Tensor"], None]], barrier: Call
         for name, allreduce in paths.items():
             barrier()  # every rank starts together: the time is the collective's, not a late rank's
             start = time.perf_counter()
-            allreduce(buf)
+            allreduce(buf).wait()
             if round_:
                 times[name].append((time.perf_counter() - start) * 1000)
     return {p: statistics.median(v) for p, v in times.items()}
 
 
 def cache_key(cpu_model: str, world_size: int, local_size: int, threads: int, candidates: Sequence[str],
-              torch_version: str) -> str:
+              torch_version: str, busy: bool = False) -> str:
+    """`busy`: launch.sh found some of the job's CPUs busy with other work at start. Such a start gets a
+    timing of its own: with a neighbour taking turns on the cores, the paths rank differently (one 25 MB
+    bucket on 2 vCPUs with one spinning neighbour: MPI 10.0 -> 21.9 ms, ccl 16.3 -> 16.0 ms)."""
     return (f"{cpu_model} | world {world_size} | {local_size} per host | {threads} threads | "
-            f"{'+'.join(sorted(candidates))} | torch {torch_version}")
+            f"{'+'.join(sorted(candidates))} | torch {torch_version}" + (" | CPUs busy at start" if busy else ""))
 
 
 def cached(key: str) -> dict[str, Any] | None:
@@ -77,7 +82,7 @@ def remember(key: str, choice: str, timings: Sequence[Mapping[str, float]]) -> N
                           {"choice": choice, "timings": [dict(t) for t in timings]}, what="the all-reduce timing")
 
 
-def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping[str, Callable[["torch.Tensor"], None]]],
+def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping[str, Callable[["torch.Tensor"], Any]]],
                           key: str, rank: int, gather: Callable[[Any], list[Any]],
                           barrier: Callable[[], None]) -> tuple[str, str]:
     """Collective. The candidates `order` (in order of preference on a tie): rank 0's cache entry for `key`

@@ -7,7 +7,9 @@ wheel under the corecpu cache keyed by torch, oneCCL, source, patch and Python, 
 1. source: fetched and verified (ccl_source.py); skipped on a cache hit.
 2. oneCCL for the build: `oneccl-cpu` + `oneccl-cpu-devel` (headers) into a scratch prefix, so the
    environment never carries the 220 MB static library.
-3. the wheel: `pip wheel --no-build-isolation` with USE_SYSTEM_ONECCL=1, CCL_ROOT=<prefix>, MAX_JOBS.
+3. the wheel: `pip wheel --no-build-isolation` with USE_SYSTEM_ONECCL=1, CCL_ROOT=<prefix>, MAX_JOBS; for a
+   CUDA build of torch (PyPI's 2.8, which IPEX needs), against a CPU-only view of its CMake package
+   (torch_cmake_view.py).
 4. install: `oneccl-cpu` with --no-deps (it declares libfabric>=2.6, which PyPI lacks; impi-rt's 2.4
    works), Intel's genuine libccl.so.2 copied from the full `oneccl` wheel (the oneccl-cpu wheels link
    it but do not ship it; Intel's licence forbids a stand-in), then the bindings. Anything that fails
@@ -35,6 +37,7 @@ from typing import Callable, Mapping
 from corecpu import envvars
 from corecpu.errors import CoreCPUError
 from corecpu.launching.ccl_source import COMMIT, DEFAULT_SOURCE, TREE_SHA256, Source, fetch_source, parse_source
+from corecpu.launching.torch_cmake_view import make_view, torch_dir, view_env
 
 # PyPI's newest. The bindings' C++ compiles against it unchanged, and its only wrinkle (libccl.so.2, copied
 # from the full wheel) is one file, so the older 2021.17 series was not built for comparison.
@@ -168,6 +171,12 @@ def build_wheel(target: Target, source: Source, work: Path, jobs: int, report: R
     dist = work / "dist"
     env = build_env(os.environ, prefix, jobs)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tools), env.get("PYTHONPATH", "")) if p)
+    # PyPI's torch 2.8 (the one IPEX 2.8 needs) is a CUDA build whose CMake package demands the CUDA toolkit.
+    view = make_view(torch_dir(), work / "torch-cmake-view")
+    if view is not None:
+        report.steps.append((f"CPU-only view of torch {target.torch}'s CMake package (a CUDA build) in {view}", 0.0))
+        print(f"build-ccl: {report.steps[-1][0]}", flush=True)
+        env.update(view_env(view))
 
     def build() -> None:
         with open(log, "w") as out:

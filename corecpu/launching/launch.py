@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
+from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.plan import PlanRequest, make_plan
-from corecpu.cpu.node_plan import resolve_binding
+from corecpu.cpu.sharing import decide_binding, gather_evidence
 from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.rank_logs import failure_summary
@@ -354,8 +355,10 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             train = Path(req.script).name == "train.py" and not req.module
             asked = (_script_option(req.script_args, "--binding") if train else None) or "auto"
             topology = read_topology(allowed_from_cpuset=True, env=os.environ)
-            plan.env[envvars.BINDING], plan.env[envvars.BINDING_REASON] = resolve_binding(
-                asked, os.environ, topology, measure=not req.dry_run)
+            evidence = gather_evidence(os.environ, topology.allowed, len(topology.online), measure=not req.dry_run)
+            plan.env[envvars.BINDING], plan.env[envvars.BINDING_REASON] = decide_binding(asked, evidence)
+            if evidence.measured:  # the ranks time their all-reduce paths per load state (training.gradient_path)
+                plan.env[envvars.CPUS_BUSY] = format_cpu_list(evidence.busy_cpus)
         env = {**os.environ, **plan.env}
         if req.dry_run:
             env = plan.env

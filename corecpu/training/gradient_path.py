@@ -9,8 +9,10 @@ for run.wrap(), so an MPI or shared-memory set-up is not paid twice.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Callable, Mapping
 
+from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.distributed import process_group as _pg
@@ -26,8 +28,9 @@ if TYPE_CHECKING:
 
 def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,
                shm_ok: Callable[[], tuple[bool, str]] = shm_status) -> list[str]:
-    """The paths that can run for this rank, DDP's own first (it wins a tie: no extra thread)."""
-    paths = ["ccl" if backend == "ccl" else "gloo"]
+    """The paths that can run for this rank, DDP's own first (it wins a tie: no extra thread). gloo is
+    always one: whatever else wins must have beaten it."""
+    paths = ["ccl", "gloo"] if backend == "ccl" else ["gloo"]
     if info.mpi_world and mpi_ok()[0]:
         paths.append("mpi")
     if shm_ok()[0]:
@@ -38,8 +41,9 @@ def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, 
 def _key(info: LaunchInfo, order: list[str]) -> str:
     import torch
 
+    busy = bool(os.environ.get(envvars.CPUS_BUSY))  # what launch.sh measured; elsewhere no sign of load
     return cache_key(read_cpu_features().model_name, info.world_size, info.local_world_size, torch.get_num_threads(),
-                     order, torch.__version__)
+                     order, torch.__version__, busy)
 
 
 def cached_winner_without_ccl(info: LaunchInfo, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,
@@ -73,7 +77,7 @@ def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "No
     if len(order) < 2:
         return path, reason, None
     if ccl_skipped:
-        with_ccl = ["ccl" if p == "gloo" else p for p in order]
+        with_ccl = ["ccl", *order]
         entry = _pg.gather_objects(cached(_key(info, with_ccl)) if info.rank == 0 else None)[0]
         if entry is not None and entry["timings"] and set(entry["timings"][0]) == set(with_ccl):
             choice, why = pick(entry["timings"], with_ccl)
@@ -82,11 +86,11 @@ def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "No
     key = _key(info, order)
     built: dict[str, GradientAllreduce] = {}
 
-    def make_paths() -> Mapping[str, Callable[["torch.Tensor"], None]]:
+    def make_paths() -> Mapping[str, Callable[["torch.Tensor"], "torch.futures.Future"]]:
         scale = 1.0 / info.world_size
         for p in order:
             built[p] = make_gradient_allreduce(p, info, node)
-        return {p: (lambda h: lambda t: h.allreduce_async(t, scale).wait())(h) for p, h in built.items()}
+        return {p: (lambda h: lambda t: h.allreduce_async(t, scale))(h) for p, h in built.items()}
 
     try:
         choice, why = choose_by_measurement(order, make_paths, key, info.rank, _pg.gather_objects, _pg.barrier)

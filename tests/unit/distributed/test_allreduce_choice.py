@@ -26,9 +26,15 @@ def test_pick_refuses_missing_or_no_candidates() -> None:
 def test_measure_interleaves_paths_and_skips_the_warm_up() -> None:
     calls: list[str] = []
     barriers = []
-    timings = ac.measure({"a": lambda t: calls.append("a"), "b": lambda t: calls.append("b")},
-                         barrier=lambda: barriers.append(1), numel=4, repeats=2)
-    assert calls == ["a", "b"] * 3 and len(barriers) == 6 and set(timings) == {"a", "b"}
+    class Done:
+        def wait(self) -> None:
+            calls.append("wait")
+
+    def start(name: str):
+        return lambda t: calls.append(name) or Done()
+
+    timings = ac.measure({"a": start("a"), "b": start("b")}, barrier=lambda: barriers.append(1), numel=4, repeats=2)
+    assert calls == ["a", "wait", "b", "wait"] * 3 and len(barriers) == 6 and set(timings) == {"a", "b"}
 
 
 def test_the_first_run_measures_and_caches_the_next_reads(tmp_path, monkeypatch) -> None:
@@ -46,3 +52,5 @@ def test_the_first_run_measures_and_caches_the_next_reads(tmp_path, monkeypatch)
     # Another candidate set (shm became available) is another key: measured afresh.
     other = ac.cache_key("Xeon", 2, 2, 1, ["mpi", "gloo", "shm"], "2.13.0")
     assert other != key and ac.cached(other) is None
+    # So is a start where launch.sh found CPUs busy: the paths rank differently beside a neighbour.
+    assert ac.cache_key("Xeon", 2, 2, 1, ["mpi", "gloo"], "2.13.0", busy=True) not in (key, other)

@@ -13,7 +13,7 @@ YES, NO = (lambda: (True, "ok")), (lambda: (False, "missing"))
 def test_ddp_own_path_comes_first_then_mpi_then_shared_memory() -> None:
     mpi = detect_launcher(MPI)
     assert gradient_path.candidates(mpi, "gloo", YES, YES) == ["gloo", "mpi", "shm"]
-    assert gradient_path.candidates(mpi, "ccl", YES, NO) == ["ccl", "mpi"]
+    assert gradient_path.candidates(mpi, "ccl", YES, NO) == ["ccl", "gloo", "mpi"]  # gloo always, to beat
     assert gradient_path.candidates(mpi, "gloo", NO, NO) == ["gloo"]
     # torchrun's ranks are no MPI world: the MPI hook cannot run there, the shared-memory op can.
     assert gradient_path.candidates(detect_launcher(TORCHRUN), "gloo", YES, YES) == ["gloo", "shm"]
@@ -41,12 +41,12 @@ def test_auto_backend_keeps_ccl_until_a_cached_timing_sends_the_gradients_elsewh
     mpi = detect_launcher(MPI)
     # Nothing measured on this kind of machine yet: ccl starts, so that it can be timed with the others.
     assert gradient_path.cached_winner_without_ccl(mpi, YES, NO) == ""
-    _remember(mpi, ["ccl", "mpi"], {"ccl": 16.3, "mpi": 10.0})
+    _remember(mpi, ["ccl", "gloo", "mpi"], {"ccl": 16.3, "gloo": 30.0, "mpi": 10.0})
     why = gradient_path.cached_winner_without_ccl(mpi, YES, NO)
     assert why.startswith("the gradients go over mpi here") and "ccl 16.3 ms" in why and "gloo starts faster" in why
     # A timing made with another candidate set (here: with shm) says nothing about this one.
     assert gradient_path.cached_winner_without_ccl(mpi, YES, YES) == ""
-    _remember(mpi, ["ccl", "mpi", "shm"], {"ccl": 8.0, "mpi": 10.0, "shm": 11.7})
+    _remember(mpi, ["ccl", "gloo", "mpi", "shm"], {"ccl": 8.0, "gloo": 30.0, "mpi": 10.0, "shm": 11.7})
     assert gradient_path.cached_winner_without_ccl(mpi, YES, YES) == ""  # ccl won: it stays
 
 
@@ -55,6 +55,6 @@ def test_after_ccl_was_skipped_the_timing_that_skipped_it_picks_the_path(tmp_pat
     monkeypatch.setattr(gradient_path._pg, "gather_objects", lambda obj: [obj, obj])  # two ranks, same view
     monkeypatch.setattr(gradient_path, "candidates", lambda info, backend: [backend, "mpi"])
     mpi = detect_launcher(MPI)
-    _remember(mpi, ["ccl", "mpi"], {"ccl": 16.3, "mpi": 10.0})
+    _remember(mpi, ["ccl", "gloo", "mpi"], {"ccl": 16.3, "gloo": 30.0, "mpi": 10.0})
     choice, why, kept = gradient_path.settle("auto", "fp32", mpi, "gloo", None, "gloo", "x", ccl_skipped=True)
     assert (choice, kept) == ("mpi", None) and why.endswith("(cached)") and "ccl 16.3 ms" in why
