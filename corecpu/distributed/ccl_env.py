@@ -34,10 +34,19 @@ def ccl_settings(environ: Mapping[str, str], plan_env: Mapping[str, str], info: 
         local = {"rank": str(info.local_rank), "size": str(info.local_world_size)}
         wanted.update(CCL_LOCAL_RANK=local["rank"], CCL_LOCAL_SIZE=local["size"],
                       LOCAL_RANK=local["rank"], LOCAL_WORLD_SIZE=local["size"])
-    return {k: v for k, v in wanted.items() if k not in environ}
+    out = {k: v for k, v in wanted.items() if not environ.get(k)}  # an empty value (ipexrun's affinity) is unset
+    if environ.get("CCL_WORKER_COUNT", "").strip() == "0":
+        # `ipexrun --ccl-worker-count 0` (what a small machine needs) exports CCL_WORKER_COUNT=0, "no worker
+        # cores", which oneCCL 2022 rejects at the first collective (worker_count >= 1). Its equivalent is one
+        # worker that is never handed a collective: each progresses in the rank's own thread.
+        out.update(CCL_WORKER_COUNT="1", CCL_WORKER_OFFLOAD="0")
+    return out
 
 
 def apply_ccl_env(environ: MutableMapping[str, str], plan_env: Callable[[], Mapping[str, str]], info: LaunchInfo) -> str:
     """Fill in oneCCL's variables; a short description of the settings in force, for the backend's reason."""
+    zero_workers = environ.get("CCL_WORKER_COUNT", "").strip() == "0"
     environ.update(ccl_settings(environ, plan_env(), info))
-    return ", ".join(f"{k}={environ[k]}" for k in SHOWN if k in environ)
+    shown = ", ".join(f"{k}={environ[k]}" for k in SHOWN if k in environ)
+    return shown + (" (CCL_WORKER_COUNT=0 as given, which oneCCL rejects, made 1 with CCL_WORKER_OFFLOAD=0)"
+                    if zero_workers else "")

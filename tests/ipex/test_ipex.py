@@ -201,8 +201,8 @@ def test_launch_sh_ccl_with_ipex_and_bf16_trains_as_gloo(tmp_path):
     precision, runs = _best_precision(), {}
     for backend in ("ccl", "gloo"):
         out = tmp_path / backend
-        proc = _launch_sh("--backend", backend, "--precision", precision, "--max-steps", "6", "--log-every", "1",
-                          "--output-dir", str(out))
+        proc = _launch_sh("--backend", backend, "--allreduce", backend, "--precision", precision, "--max-steps", "6",
+                          "--log-every", "1", "--output-dir", str(out))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert f"backend {backend}" in proc.stdout and f"gradient all-reduce {backend}" in proc.stdout, proc.stdout
         assert f"ipex: ipex.optimize applied ({precision})" in proc.stdout

@@ -35,3 +35,21 @@ def test_apply_describes_what_is_in_force():
     said = apply_ccl_env(env, lambda: {"CCL_WORKER_OFFLOAD": "0", "CCL_ATL_SHM": "1"}, MPI)
     assert env == {"CCL_ATL_SHM": "0", "CCL_WORKER_OFFLOAD": "0", "CCL_PROCESS_LAUNCHER": "hydra"}
     assert said == "CCL_WORKER_OFFLOAD=0, CCL_ATL_SHM=0, CCL_PROCESS_LAUNCHER=hydra"
+
+
+def test_ipexruns_zero_workers_become_one_that_never_offloads_and_empty_values_count_as_unset() -> None:
+    from corecpu.cluster.launchers import detect_launcher
+    from corecpu.distributed.ccl_env import apply_ccl_env
+
+    # What `ipexrun cpu --ccl-worker-count 0` exports to every rank (it runs Intel MPI's mpirun).
+    env = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
+           "CCL_WORKER_COUNT": "0", "CCL_WORKER_AFFINITY": ""}
+    plan = {"CCL_WORKER_COUNT": "1", "CCL_WORKER_AFFINITY": "0,1", "CCL_WORKER_OFFLOAD": "0", "CCL_ATL_SHM": "1"}
+    why = apply_ccl_env(env, lambda: plan, detect_launcher(env))
+    assert env["CCL_WORKER_COUNT"] == "1" and env["CCL_WORKER_OFFLOAD"] == "0"
+    assert env["CCL_WORKER_AFFINITY"] == "0,1" and env["CCL_PROCESS_LAUNCHER"] == "hydra"
+    assert "CCL_WORKER_COUNT=0 as given, which oneCCL rejects" in why
+    # A count the user set to anything else stays theirs.
+    mine = {**env, "CCL_WORKER_COUNT": "2"}
+    apply_ccl_env(mine, lambda: plan, detect_launcher(mine))
+    assert mine["CCL_WORKER_COUNT"] == "2"
