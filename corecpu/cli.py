@@ -247,13 +247,16 @@ def _add_build_ccl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="parallel compile jobs (default: $MAX_JOBS, else 1: each takes about 1.5 GB of memory)")
     p.add_argument("--rebuild", action="store_true", help="build even if a cached wheel matches")
+    p.add_argument("--wheel-only", action="store_true",
+                   help="build (or find) the cached wheel and stop; a later build-ccl installs it in seconds "
+                   "(CI builds it beside the tests this way, without changing the environment they run in)")
     p.set_defaults(func=cmd_build_ccl)
 
 
 def cmd_build_ccl(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise CoreCPUError(f"--jobs must be at least 1, got {args.jobs}")
-    build_ccl(args.source, args.jobs, args.rebuild)
+    build_ccl(args.source, args.jobs, args.rebuild, install_wheel=not args.wheel_only)
     return 0
 
 

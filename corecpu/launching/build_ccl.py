@@ -217,8 +217,9 @@ def install(target: Target, wheel: Path, cache: Path, report: Report) -> None:
 
 
 def build_ccl(setting: str | None = None, jobs: int | None = None, rebuild: bool = False,
-              env: Mapping[str, str] = os.environ) -> Report:
-    """Build (or take from the cache) and install the bindings for this environment's torch."""
+              env: Mapping[str, str] = os.environ, install_wheel: bool = True) -> Report:
+    """Build (or take from the cache) and install the bindings for this environment's torch; with
+    `install_wheel` False, only make sure the cached wheel exists."""
     report = Report()
     target = target_of()
     source = parse_source(setting or env.get(envvars.CCL_SOURCE) or DEFAULT_SOURCE)  # a bad setting fails even on a cache hit
@@ -238,6 +239,9 @@ def build_ccl(setting: str | None = None, jobs: int | None = None, rebuild: bool
         os.replace(kept / (built.name + ".part"), kept / built.name)
         wheel = kept / built.name
         shutil.rmtree(work, ignore_errors=True)
+    if not install_wheel:
+        print(f"build-ccl: wheel cached at {wheel}; not installed (--wheel-only)", flush=True)
+        return report
     install(target, wheel, cache, report)
     total = sum(s for _, s in report.steps)
     print(f"build-ccl: oneccl_bindings_for_pytorch {wheel_version(target.torch)} ready in {target.prefix} "

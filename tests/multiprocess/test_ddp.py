@@ -12,3 +12,5 @@ def test_ddp_gradients_equal_single_process_on_concatenated_batch(tmp_path):
     result = json.loads(out.read_text())
     assert result["n"] > 10 and result["scale"] > 0
     assert result["max_diff"] <= 1e-5 * max(1.0, result["scale"]), result
+    # The same buckets over a second gloo group through torch's allreduce hook: the same sums, bit for bit.
+    assert result["hook_diff"] == 0.0, result

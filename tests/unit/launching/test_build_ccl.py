@@ -145,3 +145,16 @@ def test_a_failed_install_is_rolled_back(tmp_path, monkeypatch):
     assert calls[0][-1] == f"oneccl-cpu=={bc.ONECCL}"  # it got as far as oneCCL ...
     assert not (env / "lib" / "libccl.so.2").exists()  # ... and took it all back
     assert "uninstall" in ran[-1] and ran[-1][-2:] == [bc.DIST_NAME, "oneccl-cpu"]
+
+
+def test_wheel_only_keeps_a_cached_wheel_and_leaves_the_environment_alone(tmp_path, monkeypatch, capsys):
+    """`build-ccl --wheel-only` (CI builds beside the tests this way): a cached wheel is found, nothing installed."""
+    target = bc.Target(sys.executable, tmp_path / "env", "2.13.0+cpu", "cp311")
+    monkeypatch.setattr(bc, "target_of", lambda: target)
+    kept = tmp_path / "ccl" / bc.cache_key(target, patch=bc.patch_digest())
+    kept.mkdir(parents=True)
+    (kept / f"{bc.DIST_NAME}-2.13.0+corecpu.1fc0c38-cp311-cp311-linux_x86_64.whl").write_bytes(b"wheel")
+    monkeypatch.setattr(bc, "install", lambda *a: pytest.fail("--wheel-only installed the wheel"))
+    monkeypatch.setattr(bc, "build_wheel", lambda *a: pytest.fail("a cached wheel was built again"))
+    bc.build_ccl(env={"CORECPU_CACHE_DIR": str(tmp_path)}, install_wheel=False)
+    assert "not installed (--wheel-only)" in capsys.readouterr().out
