@@ -77,6 +77,13 @@ def cached(key: str) -> dict[str, Any] | None:
     return None
 
 
+def cached_pick(entry: Mapping[str, Any] | None, order: Sequence[str]) -> tuple[str, str] | None:
+    """Pure: `pick` over a cache entry's timings, when they were measured with exactly the candidates `order`."""
+    if entry is None or not entry["timings"] or set(entry["timings"][0]) != set(order):
+        return None
+    return pick(entry["timings"], order)
+
+
 def remember(key: str, choice: str, timings: Sequence[Mapping[str, float]]) -> None:
     cachefile.store_entry(envvars.cache_dir() / CACHE_FILE, CACHE_VERSION, key,
                           {"choice": choice, "timings": [dict(t) for t in timings]}, what="the all-reduce timing")
@@ -87,10 +94,9 @@ def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping
                           barrier: Callable[[], None]) -> tuple[str, str]:
     """Collective. The candidates `order` (in order of preference on a tie): rank 0's cache entry for `key`
     decides if there is one; else every rank measures the paths `make_paths()` builds (then cached)."""
-    entry = gather(cached(key) if rank == 0 else None)[0]
-    if entry is not None and entry["timings"] and set(entry["timings"][0]) == set(order):
-        choice, why = pick(entry["timings"], order)
-        return choice, why + " (cached)"
+    known = cached_pick(gather(cached(key) if rank == 0 else None)[0], order)
+    if known is not None:
+        return known[0], known[1] + " (cached)"
     timings = gather(measure(make_paths(), barrier))
     choice, why = pick(timings, order)
     if rank == 0:
@@ -98,4 +104,4 @@ def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping
     return choice, why
 
 
-__all__ = ["BUCKET_BYTES", "cache_key", "choose_by_measurement", "measure", "pick"]
+__all__ = ["BUCKET_BYTES", "cache_key", "cached_pick", "choose_by_measurement", "measure", "pick"]

@@ -17,7 +17,7 @@ from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, make_gradient_allreduce, mpi4py_importable
-from corecpu.distributed.allreduce_choice import cache_key, cached, choose_by_measurement, pick
+from corecpu.distributed.allreduce_choice import cache_key, cached, cached_pick, choose_by_measurement
 from corecpu.distributed.shm_allreduce import shm_status
 
 if TYPE_CHECKING:
@@ -53,12 +53,10 @@ def cached_winner_without_ccl(info: LaunchInfo, mpi_ok: Callable[[], tuple[bool,
     the process group would then carry only control messages, and a ccl one costs about a second more to
     start (measured: 1.2 s against gloo's 0.1 s on a 2-vCPU Xeon, plus 0.5 s for its first collective)."""
     order = candidates(info, "ccl", mpi_ok, shm_ok)
-    entry = cached(_key(info, order)) if len(order) > 1 else None
-    if entry is None or not entry["timings"] or set(entry["timings"][0]) != set(order):
-        return ""  # nothing measured yet: start ccl, so that it can be timed with the others
-    choice, why = pick(entry["timings"], order)
-    if choice == "ccl":
-        return ""
+    known = cached_pick(cached(_key(info, order)), order) if len(order) > 1 else None
+    if known is None or known[0] == "ccl":
+        return ""  # ccl won, or nothing measured yet: start ccl, so that it can be timed with the others
+    choice, why = known
     return (f"the gradients go over {choice} here ({why}, cached), so the process group carries only control "
             "messages and gloo starts faster")
 
@@ -78,11 +76,9 @@ def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "No
         return path, reason, None
     if ccl_skipped:
         with_ccl = ["ccl", *order]
-        entry = _pg.gather_objects(cached(_key(info, with_ccl)) if info.rank == 0 else None)[0]
-        if entry is not None and entry["timings"] and set(entry["timings"][0]) == set(with_ccl):
-            choice, why = pick(entry["timings"], with_ccl)
-            if choice in order:
-                return choice, why + " (cached)", None
+        known = cached_pick(_pg.gather_objects(cached(_key(info, with_ccl)) if info.rank == 0 else None)[0], with_ccl)
+        if known is not None and known[0] in order:
+            return known[0], known[1] + " (cached)", None
     key = _key(info, order)
     built: dict[str, GradientAllreduce] = {}
 
