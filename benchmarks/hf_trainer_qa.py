@@ -106,6 +106,7 @@ def main() -> None:
     trainer = RecordingTrainer(model=model, args=training_args, train_dataset=items(train_feats, True),
                                processing_class=tokenizer, data_collator=collator, callbacks=[recorder])
     trainer.train()
+    sampling = training_args.train_sampling_strategy  # recorded before evaluation switches it off below
     # run_qa.py --do_eval: predict on every eval window (Trainer shards and gathers), then post-process.
     # With group_by_length, transformers 5's Trainer also length-groups the *eval* sampler, so predict()
     # returns the windows shuffled and feature-order post-processing reads other windows' logits (measured
@@ -127,7 +128,7 @@ def main() -> None:
                   "eval_f1": scores["f1"], "eval_examples": len(held.examples)}]
         write_records(args.out_json, "hf_trainer_qa", records, evals, world_size=world, precision=precision,
                       omp_num_threads=os.environ.get("OMP_NUM_THREADS"), torch_threads=torch.get_num_threads(),
-                      sampling=training_args.train_sampling_strategy, padding="dynamic" if args.tuned else "max_length")
+                      sampling=sampling, padding="dynamic" if args.tuned else "max_length")
         print(f"hf_trainer_qa: {k} steps, final loss {records[-1]['loss']:.4f}, exact match "
               f"{evals[0]['eval_exact_match']:.2f}, F1 {evals[0]['eval_f1']:.2f}")
 

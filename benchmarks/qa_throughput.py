@@ -54,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="", help="comma-separated; repeat i runs at the i-th seed (overrides "
+                   "--seed and --repeats), for accuracy compared seed by seed")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--work-dir", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=7200)
@@ -61,13 +63,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--replace-in", type=Path, default=None, metavar="RESULT.json",
                    help="run only --variants and replace their runs in an existing result (its other runs kept); "
                         "the result records which variants were re-run, and when")
+    p.add_argument("--append-to", type=Path, default=None, metavar="RESULT.json",
+                   help="add this run's repeats (e.g. more --seeds, same settings) to an existing result")
     return p.parse_args()
 
 
-def command(variant: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
+def command(variant: str, args: argparse.Namespace, run_dir: Path, seed: int) -> list[str]:
     model = harness.MODEL_SPECS.get(args.model, args.model)
     common = ["--model", model, "--data", args.data, "--eval-data", args.eval_data, "--epochs", str(args.epochs),
-              "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+              "--batch-size", str(args.batch_size), "--seed", str(seed)]
     common += ["--max-steps", str(args.max_steps)] if args.max_steps else []
     common += ["--version-2-with-negative"] if args.version_2_with_negative else []
     if variant == "corecpu":
@@ -79,8 +83,8 @@ def command(variant: str, args: argparse.Namespace, run_dir: Path) -> list[str]:
             "--out-json", str(run_dir / f"{variant}.json")]
 
 
-def run_once(variant: str, args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
-    cmd = command(variant, args, run_dir)
+def run_once(variant: str, args: argparse.Namespace, run_dir: Path, env: dict[str, str], seed: int) -> dict[str, Any]:
+    cmd = command(variant, args, run_dir, seed)
     log = run_dir / f"{variant}.log"
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
@@ -103,9 +107,9 @@ def run_once(variant: str, args: argparse.Namespace, run_dir: Path, env: dict[st
         extra["mean_padded_len"] = statistics.fmean(s["padded_len"] for s in steps)
     window = stats.timed_window(steps, args.warmup, [e["step"] for e in evals][:-1])
     last = evals[-1]
-    return {"variant": variant, "command": cmd, "wall_s": wall, **window, "steps_run": len(steps),
+    return {"variant": variant, "seed": seed, "command": cmd, "wall_s": wall, **window, "steps_run": len(steps),
             "eval_exact_match": last["eval_exact_match"], "eval_f1": last["eval_f1"],
-            "final_loss": steps[-1]["loss"], "load_avg_before": load_before, "log": str(log), **extra}
+            "final_loss": steps[-1]["loss"], "evals": evals, "load_avg_before": load_before, "log": str(log), **extra}
 
 
 def summarize(raw: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
@@ -117,11 +121,51 @@ def summarize(raw: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
     return {"medians": medians, "ratios": ratios}
 
 
+def run_seed(run: dict[str, Any]) -> int:
+    """The seed a run used (results from before seeds were recorded carry it only in the command)."""
+    if "seed" in run:
+        return run["seed"]
+    cmd = run["command"]
+    return int(cmd[cmd.index("--seed") + 1])
+
+
+def seed_rows(result: dict[str, Any]) -> list[str]:
+    """EM/F1 seed by seed: a median hides how far the seed alone moves a one-epoch score."""
+    seeds = sorted({run_seed(r) for r in result["raw"]})
+    others = [v for v in result["medians"] if v != BASELINE]
+    if len(seeds) < 2 or BASELINE not in result["medians"]:
+        return []
+    def score(v: str, seed: int) -> tuple[float, float]:
+        run = next(r for r in result["raw"] if r["variant"] == v and run_seed(r) == seed)
+        return run["eval_exact_match"], run["eval_f1"]
+    rows = ["", "| seed | " + " | ".join(f"{v} EM / F1" for v in [BASELINE, *others]) + " | "
+            + " | ".join(f"{v} - run_qa EM / F1" for v in others) + " |",
+            "|---|" + "---|" * (1 + 2 * len(others))]
+    deltas: dict[str, list[tuple[float, float]]] = {v: [] for v in others}
+    for seed in seeds:
+        base = score(BASELINE, seed)
+        cells = [f"{base[0]:.2f} / {base[1]:.2f}"]
+        for v in others:
+            em, f1 = score(v, seed)
+            cells.append(f"{em:.2f} / {f1:.2f}")
+            deltas[v].append((em - base[0], f1 - base[1]))
+        rows.append(f"| {seed} | " + " | ".join(cells) + " | "
+                    + " | ".join(f"{d[0]:+.2f} / {d[1]:+.2f}" for d in (deltas[v][-1] for v in others)) + " |")
+    mean = " | ".join(f"{statistics.fmean(d[0] for d in deltas[v]):+.2f} / {statistics.fmean(d[1] for d in deltas[v]):+.2f}"
+                      for v in others)
+    means = " | ".join(f"{statistics.fmean(score(v, x)[0] for x in seeds):.2f} / "
+                       f"{statistics.fmean(score(v, x)[1] for x in seeds):.2f}" for v in [BASELINE, *others])
+    rows.append(f"| mean | {means} | {mean} |")
+    return rows
+
+
 def markdown(result: dict[str, Any]) -> str:
     cfg, mach = result["config"], result["machine"]
     limit = f", at most {cfg['max_steps']} steps" if cfg.get("max_steps") else ""
+    seeds = sorted({run_seed(r) for r in result["raw"]})
+    over = f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
     head = (f"**{cfg['model']} on {cfg['data']}, {cfg['ranks']} ranks x batch {cfg['batch_size']}, windows 384 / "
-            f"stride 128, {cfg['epochs']} epoch(s){limit}, median of {cfg['repeats']} interleaved repeats | CPU: "
+            f"stride 128, {cfg['epochs']} epoch(s){limit}, median of {cfg['repeats']} interleaved repeats ({over}) | CPU: "
             f"{mach['cpu_model']} ({mach['usable_cpus']} CPUs; {stats.flags_text(mach['cpu_flags'])})**")
     rows = ["| variant | precision | padding | samples/s | vs run_qa | wall s | wall speed-up vs run_qa | EM | F1 | "
             "F1 vs run_qa |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -133,10 +177,31 @@ def markdown(result: dict[str, Any]) -> str:
         rows.append(f"| {v} | {first.get('precision', '-')} | {padding} | {m['samples_per_s']:.1f} | "
                     f"{r.get('throughput', float('nan')):.2f}x | {m['wall_s']:.0f} | {r.get('wall_speedup', float('nan')):.2f}x | "
                     f"{m['eval_exact_match']:.2f} | {m['eval_f1']:.2f} | {r.get('f1_delta', float('nan')):+.2f} |")
+    rows += seed_rows(result)
+    for extra in result.get("appended", []):
+        rows.append(f"\nseed(s) {extra['seeds']}: appended later ({extra['machine']['date_utc']})")
     for rerun in result.get("rerun", []):
         rows.append(f"\n{', '.join(rerun['variants'])}: re-run after the others ({rerun['machine']['date_utc']}), "
                     "so not interleaved with them")
     return "\n".join([head, "", *rows]) + "\n"
+
+
+def append_runs(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`old` with `new`'s repeats after its own; both must hold the same settings and variants."""
+    fixed = ("model", "data", "eval_data", "ranks", "batch_size", "epochs", "max_steps", "variants",
+             "version_2_with_negative")
+    differ = [k for k in fixed if old["config"].get(k) != new["config"].get(k)]
+    if differ:
+        raise SystemExit(f"cannot append: {', '.join(differ)} differ from the existing result's; run with its settings")
+    again = sorted({run_seed(r) for r in old["raw"]} & {run_seed(r) for r in new["raw"]})
+    if again:
+        raise SystemExit(f"cannot append: seed(s) {again} are already in the result; pass other --seeds")
+    shift = max(r["repeat"] for r in old["raw"])
+    raw = old["raw"] + [{**r, "repeat": r["repeat"] + shift} for r in new["raw"]]
+    config = {**old["config"], "repeats": old["config"]["repeats"] + new["config"]["repeats"],
+              "seeds": sorted({run_seed(r) for r in raw})}
+    return {**old, "config": config, "raw": raw, **summarize(raw, config["variants"]),
+            "appended": old.get("appended", []) + [{"seeds": new["config"].get("seeds"), "machine": new["machine"]}]}
 
 
 def main() -> None:
@@ -153,20 +218,22 @@ def main() -> None:
     one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                      env=env, capture_output=True, text=True, check=True).stdout)
     torchrun_env = {**env, "OMP_NUM_THREADS": str(max(1, one_process // args.ranks))}  # as throughput.py does
-    print(f"QA benchmark: variants {order}; logs in {work}", flush=True)
+    seeds = [int(x) for x in args.seeds.split(",") if x] or [args.seed] * args.repeats
+    args.repeats = len(seeds)
+    print(f"QA benchmark: variants {order}, seeds {seeds}; logs in {work}", flush=True)
     raw = []
-    for rep in range(1, args.repeats + 1):
+    for rep, seed in enumerate(seeds, start=1):
         run_dir = work / f"repeat{rep}"
         run_dir.mkdir(parents=True, exist_ok=True)
         for v in order:
-            r = run_once(v, args, run_dir, env if v == "corecpu" else torchrun_env)
+            r = run_once(v, args, run_dir, env if v == "corecpu" else torchrun_env, seed)
             raw.append({"repeat": rep, **r})
             print(f"repeat {rep}/{args.repeats} {v:<14} {r['samples_per_s']:6.1f} samples/s  wall {r['wall_s']:6.1f}s"
                   f"  EM {r['eval_exact_match']:.2f}  F1 {r['eval_f1']:.2f}  final loss {r['final_loss']:.4f}  "
                   f"({r.get('precision')}, load {r['load_avg_before']:.1f})", flush=True)
     config = {"model": args.model, "data": args.data, "eval_data": args.eval_data, "ranks": args.ranks,
               "batch_size": args.batch_size, "epochs": args.epochs, "max_steps": args.max_steps,
-              "warmup": args.warmup, "repeats": args.repeats, "variants": order,
+              "warmup": args.warmup, "repeats": args.repeats, "seeds": seeds, "seed": args.seed, "variants": order,
               "version_2_with_negative": args.version_2_with_negative, "torchrun_omp_num_threads":
               torchrun_env["OMP_NUM_THREADS"]}
     result = {"config": config, "machine": machine(), **summarize(raw, order), "raw": raw,
@@ -177,8 +244,10 @@ def main() -> None:
         all_order = old["config"]["variants"]
         result = {**old, "raw": kept + raw, **summarize(kept + raw, all_order),
                   "rerun": old.get("rerun", []) + [{"variants": order, "machine": machine()}]}
+    if args.append_to:  # more seeds of the same comparison, run later
+        result = append_runs(json.loads(args.append_to.read_text()), result)
     label = Path(args.data).stem if args.data != "qa" else "builtin-qa"
-    out = args.out or args.replace_in or harness.BENCH / "results" / f"qa-{label}-n{args.ranks}-{args.model if args.model in harness.MODEL_SPECS else Path(args.model).name}.json"
+    out = args.out or args.replace_in or args.append_to or harness.BENCH / "results" / f"qa-{label}-n{args.ranks}-{args.model if args.model in harness.MODEL_SPECS else Path(args.model).name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print("\n" + markdown(result))

@@ -230,3 +230,42 @@ def test_background_load_runs_busy_processes_only_inside_the_block() -> None:
     with pytest.raises(ValueError, match="negative"):
         with background_load(-1):
             pass
+
+
+def test_qa_seed_table_pairs_runs_by_seed_and_averages_the_differences() -> None:
+    import sys
+
+    sys.path.insert(0, str(harness.BENCH))
+    try:
+        import qa_throughput
+    finally:
+        sys.path.remove(str(harness.BENCH))
+
+    def run(variant: str, seed: int, em: float, f1: float, recorded: bool = True) -> dict:
+        r = {"variant": variant, "repeat": 1, "command": ["x", "--seed", str(seed), "--out"], "eval_exact_match": em,
+             "eval_f1": f1, "samples_per_s": 1.0, "ms_per_step": 1.0, "wall_s": 1.0, "final_loss": 0.5}
+        return {**r, "seed": seed} if recorded else r  # older results carry the seed only in the command
+
+    raw = [run("corecpu", 0, 60.0, 70.0), run("trainer_runqa", 0, 58.0, 69.0),
+           run("corecpu", 3, 50.0, 55.0, recorded=False), run("trainer_runqa", 3, 51.0, 57.0, recorded=False)]
+    result = {"raw": raw, **qa_throughput.summarize(raw, ["corecpu", "trainer_runqa"])}
+    rows = qa_throughput.seed_rows(result)
+    assert rows[1].startswith("| seed | trainer_runqa EM / F1 | corecpu EM / F1 |")
+    assert rows[3] == "| 0 | 58.00 / 69.00 | 60.00 / 70.00 | +2.00 / +1.00 |"
+    assert rows[4] == "| 3 | 51.00 / 57.00 | 50.00 / 55.00 | -1.00 / -2.00 |"
+    assert rows[5] == "| mean | 54.50 / 63.00 | 55.00 / 62.50 | +0.50 / -0.50 |"
+    assert qa_throughput.seed_rows({"raw": raw[:2], **qa_throughput.summarize(raw[:2], ["corecpu", "trainer_runqa"])}) == []
+
+    def result_of(runs: list[dict], seeds: list[int]) -> dict:
+        cfg = {"model": "m", "data": "qa", "epochs": 3, "variants": ["corecpu", "trainer_runqa"], "repeats": len(seeds),
+               "seeds": seeds}
+        return {"config": cfg, "machine": {"date_utc": "now"}, "raw": runs,
+                **qa_throughput.summarize(runs, cfg["variants"])}
+
+    merged = qa_throughput.append_runs(result_of(raw[:2], [0]), result_of([{**r, "repeat": 1} for r in raw[2:]], [3]))
+    assert merged["config"]["seeds"] == [0, 3] and merged["config"]["repeats"] == 2
+    assert [r["repeat"] for r in merged["raw"]] == [1, 1, 2, 2]
+    with pytest.raises(SystemExit, match="already in the result"):
+        qa_throughput.append_runs(merged, result_of(raw[:2], [0]))
+    with pytest.raises(SystemExit, match="epochs differ"):
+        qa_throughput.append_runs(merged, {**result_of(raw[2:], [3]), "config": {**result_of(raw[2:], [3])["config"], "epochs": 1}})
