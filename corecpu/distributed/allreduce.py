@@ -98,7 +98,7 @@ def choose_allreduce(
         return "mpi", f"requested; started by {info.launcher}"
     if backend == "ccl":
         # A ccl process group was chosen (asked for, or auto with the bindings built): DDP uses it. Under
-        # --backend auto, training.gradient_path then times it against the hooks; --backend ccl keeps it.
+        # --backend auto, distributed.gradient_path then times it against the hooks; --backend ccl keeps it.
         return "ccl", "DDP on the ccl process group (--allreduce mpi for the Intel MPI hook instead)"
     if not launched_by_mpi:
         return "gloo", f"started by {info.launcher}, not MPI"

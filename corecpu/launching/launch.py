@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             topology = read_topology(allowed_from_cpuset=True, env=os.environ)
             evidence = gather_evidence(os.environ, topology.allowed, len(topology.online), measure=not req.dry_run)
             plan.env[envvars.BINDING], plan.env[envvars.BINDING_REASON] = decide_binding(asked, evidence)
-            if evidence.measured:  # the ranks time their all-reduce paths per load state (training.gradient_path)
+            if evidence.measured:  # the ranks time their all-reduce paths per load state (distributed.gradient_path)
                 plan.env[envvars.CPUS_BUSY] = format_cpu_list(evidence.busy_cpus)
         env = {**os.environ, **plan.env}
         if req.dry_run:

@@ -37,7 +37,7 @@ class Reporter:
         self.run, self.out, self.total_steps, self.log_every = run, Path(output_dir), total_steps, log_every
         self.console = make_console()
         self.main = run.is_main
-        self.reports = list(run.bindings)  # every rank's real CPUs and threads, gathered by setup()
+        self.reports = [dict(b) for b in run.bindings]  # every rank's real CPUs and threads, gathered by setup()
         self.metrics: MetricsLog | None = None
         self.progress = make_progress(progress, self.console) if self.main else None
         self._task = None

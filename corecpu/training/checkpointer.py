@@ -6,8 +6,9 @@
         ...
         ckpt.save(step)                                              # every 100 steps and the last one
 
-It carries what the run already knows (model, optimizer, scheduler, the resolved choices,
-the loop position) so a save takes only the step; it pauses the watchdog while it writes.
+It knows nothing of the run: wrap() hands it what it needs (the plain model to restore into, the
+resolved choices to compare, whether this rank writes, how to pause the watchdog), and a save takes
+only the step.
 The files are corecpu.training.checkpoint's: verified, atomic, the newest `keep` kept.
 A fresh start (nothing to resume) moves an earlier run's outputs in the directory aside.
 """
@@ -16,20 +17,31 @@ from __future__ import annotations
 
 import json
 import os
+import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 
 from corecpu.errors import CoreCPUError
 from corecpu.training import checkpoint, outputs
 from corecpu.training.checkpoint import LoopState
-from corecpu.training.steps import Step
 
 STOPPED = "stopped.json"  # written when a stop signal ended the run with a checkpoint; removed by the next start
 
-if TYPE_CHECKING:  # the run calls in here from wrap(); a real import would be a cycle
-    from corecpu.training.run import Run
+
+class StepDone(Protocol):
+    """What a save needs of a step (corecpu.training.steps.Step has it)."""
+
+    number: int  # 1-based optimizer step
+    is_last: bool
+
+    @property
+    def position(self) -> tuple[int, int]: ...  # (epoch, micro-batches consumed in it): where a resume starts
+
+
+def _not_paused(phase: str, kind: str = "other") -> ContextManager[None]:
+    return contextlib.nullcontext()
 
 
 class Checkpoints:
@@ -46,21 +58,25 @@ class Checkpoints:
         self.config = dict(config or {})
         self.resumed: LoopState | None = None
         self.notes: list[str] = []  # checkpoints skipped on resume, changed settings, outputs moved aside
-        self._run: Run | None = None
+        self._untimed: Callable[[str, str], ContextManager[None]] = _not_paused
+        self._restored = False
         self._state: tuple[torch.nn.Module, Any, Any] | None = None
         self._saved: tuple[int, Path | None] | None = None
 
     # ------------------------------------------------------------ called by run.wrap()
-    def restore(self, run: "Run", model: torch.nn.Module, optimizer: Any, scheduler: Any) -> LoopState | None:
-        """Load the checkpoint to resume from into the unwrapped model and plain optimizer (collective)."""
-        self._run = run
-        self.config["resolved"] = run.resolved()
+    def restore(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, resolved: dict[str, Any],
+                is_main: bool, untimed: Callable[[str, str], ContextManager[None]] = _not_paused) -> LoopState | None:
+        """Load the checkpoint to resume from into the unwrapped model and plain optimizer (collective).
+        `resolved`: the run's machine-dependent choices, stored and compared on resume; `is_main`: this rank
+        writes the shared files; `untimed(phase, kind)`: how a write pauses the watchdog."""
+        self._untimed, self._restored = untimed, True
+        self.config["resolved"] = resolved
         self.resumed = checkpoint.resume(self.output_dir, self.resume_from, model=model, optimizer=optimizer,
                                          scheduler=scheduler, config=self.config)
         self.notes = list(self.resumed.notes) if self.resumed else []
-        if run.is_main and (moved := outputs.set_aside_earlier_run(self.output_dir, resuming=self.resumed is not None)):
+        if is_main and (moved := outputs.set_aside_earlier_run(self.output_dir, resuming=self.resumed is not None)):
             self.notes.append(moved)
-        if run.is_main:
+        if is_main:
             (self.output_dir / STOPPED).unlink(missing_ok=True)  # this run continues (or replaces) the stopped one
         return self.resumed
 
@@ -78,17 +94,17 @@ class Checkpoints:
         self._state = (model, optimizer, scheduler)
 
     # ------------------------------------------------------------ called by the loop
-    def due(self, step: Step) -> bool:
+    def due(self, step: StepDone) -> bool:
         return step.is_last or (self.every > 0 and step.number % self.every == 0)
 
-    def save(self, step: Step, *, force: bool = False) -> Path | None:
+    def save(self, step: StepDone, *, force: bool = False) -> Path | None:
         """Collective: every rank calls it after `step`'s optimizer step. Writes when due (or `force`),
         once per step; returns the checkpoint directory on rank 0, None elsewhere and when not due."""
         if not (force or self.due(step)):
             return None
         if self._saved is not None and self._saved[0] == step.number:
             return self._saved[1]  # a stop signal right after a due save: the files are already there
-        if self._run is None or self._state is None:
+        if not self._restored or self._state is None:
             raise CoreCPUError("Checkpoints.save() before run.wrap(model, optimizer, checkpoint=...)")
         model, optimizer, scheduler = self._state
         if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
@@ -96,7 +112,7 @@ class Checkpoints:
             raise CoreCPUError(f"the model's weights are not finite at step {step.number} (training diverged); "
                                f"not saved{kept}; lower the learning rate or check the data")
         epoch, batches = step.position
-        with self._run.untimed(f"the checkpoint write of step {step.number}", kind="checkpoint"):
+        with self._untimed(f"the checkpoint write of step {step.number}", "checkpoint"):
             path = checkpoint.save(self.output_dir, step=step.number, model=model, optimizer=optimizer,
                                    scheduler=scheduler, epoch=epoch, batches_in_epoch=batches,
                                    config=self.config, keep=self.keep)

@@ -16,72 +16,54 @@ gradient all-reduce path and IPEX. wrap() owns the order the rest needs: it sett
 precision on the loader's shapes, resumes from the checkpointer, then applies IPEX,
 torch.compile and DDP, and makes the model's forward autocast. Any `torch.nn.Module` and
 map-style `Dataset` work.
+
+The `Run` is frozen: who this rank is and every choice made for it, with its reason. What changes
+while it runs has its own owner, each one writer:
+    Lifetime   (training/lifetime.py)   what to release at close, the rendezvous store: setup(), on_close()
+    LoopClock  (training/loop_clock.py) the step in progress, the watchdog, untimed seconds: Steps
+    Wrapped    (training/wrapping.py)   the wrapped model, the settled precision, the checkpointer: wrap(), once
+    Checkpoints                         the resume position, what was saved: its own methods
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import gc
-import inspect
 import os
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, MutableMapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, ContextManager, Iterator, Mapping, MutableMapping, Sequence
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
 
+from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
-from corecpu.compute.precision import (CalibrationShapes, PrecisionChoice, agree_precision, decide_precision,
-                                       resolve_precision, typical_batch_length)
-from corecpu.compute.wrappers import unwrap
+from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import Extension, read_cpu_features
 from corecpu.cpu.node_plan import NodePlan
 from corecpu.data.sampling import EvalShardSampler, train_sampler
-from corecpu.distributed import mpi_init
+from corecpu.distributed import gradient_path, mpi_init
 from corecpu.distributed import process_group as _pg
-from corecpu.distributed.allreduce import choose_allreduce, make_gradient_allreduce
-from corecpu.training import gradient_path
+from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog
 from corecpu.training.checkpoint import LoopState
 from corecpu.training.checkpointer import Checkpoints
+from corecpu.training.lifetime import Lifetime
+from corecpu.training.loop_clock import LoopClock
 from corecpu.training.options import RunOptions
 from corecpu.training.schedule import Schedule
-from corecpu.training.steps import Step, Steps
-
-# torch 2.13 renamed DDP's broadcast_buffers (deprecated) to forward_sync_buffers; IPEX 2.8 needs torch 2.8.
-_DDP_HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-DEFAULT_SHAPE = (16, 64)  # (batch, tokens) calibrated when no loader says better: a typical fine-tuning batch
+from corecpu.training.steps import Steps, no_sync
+from corecpu.training.wrapping import Once, Wrapped, calibration_shape, measure_precision, wrap_model
 
 
-@dataclass
-class _Late:
-    """What is settled after setup(): precision, the wrapped model, the resume position; resources to release."""
-
-    precision: PrecisionChoice | None = None
-    precision_final: bool = False  # measured/checked on the model's shapes and agreed across ranks
-    shape_hint: tuple[int, int | None] | None = None  # (batch, tokens per example) of the last loader
-    model: torch.nn.Module | None = None  # the wrapped model: steps() syncs its gradients
-    checkpoints: Checkpoints | None = None
-    store: Any = None  # the rendezvous store: the watchdog's heartbeats go there
-    watchdog: Any = None
-    step: int = 0  # the optimizer step the loop body is performing (run.steps() keeps it), for messages
-    untimed_seconds: dict[str, float] = field(default_factory=dict)  # time spent per kind of untimed phase
-    gradient_allreduce: Any = None  # the path auto measured and kept (else wrap() makes the chosen one)
-    closers: list[Callable[[], None]] = field(default_factory=list)
-    closed: bool = False
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: not even object.__setattr__ can add a side-car
 class Run:
     """One rank's view of the job and every choice made for it. Create with `corecpu.setup()`."""
 
@@ -96,11 +78,17 @@ class Run:
     allreduce_reason: str
     ipex: Extension | None  # None: not asked for (ipex="off")
     master: str  # "host:port" of the rendezvous, "" for one process
-    bindings: tuple[dict[str, Any], ...] = ()  # every rank's CPUs and threads, as seen inside it (topology.json)
+    bindings: tuple[Mapping[str, Any], ...] = ()  # every rank's CPUs and threads, as seen inside it (topology.json)
     binding: str = "none"  # "core" | "numa" (corecpu pinned the rank), "launcher" (someone else did) or "none"
     binding_reason: str = ""
-    _late: _Late = field(default_factory=_Late, repr=False, compare=False)
-    _node: NodePlan | None = field(default=None, repr=False, compare=False)
+    requested_precision: PrecisionChoice | None = None  # fp32 or bf16 as asked (None: auto, settled by wrap())
+    # The owners of what changes while the run goes on (see the module docstring); never reassigned.
+    _node: NodePlan | None = dataclasses.field(default=None, repr=False, compare=False)
+    _measured_path: GradientAllreduce | None = dataclasses.field(default=None, repr=False, compare=False)
+    _life: Lifetime = dataclasses.field(default_factory=Lifetime, repr=False, compare=False)
+    _clock: LoopClock = dataclasses.field(default_factory=lambda: LoopClock(watchdog.NullWatchdog), repr=False,
+                                          compare=False)
+    _wrapped: Once[Wrapped] = dataclasses.field(default_factory=lambda: Once("wrap()"), repr=False, compare=False)
 
     # ------------------------------------------------------------ who am I
     @property
@@ -122,7 +110,8 @@ class Run:
     @property
     def precision(self) -> PrecisionChoice | None:
         """The precision in force; None until wrap() settles 'auto'."""
-        return self._late.precision
+        wrapped = self._wrapped.get()
+        return wrapped.precision if wrapped else self.requested_precision
 
     @property
     def uses_ipex(self) -> bool:
@@ -131,16 +120,18 @@ class Run:
     @property
     def model(self) -> torch.nn.Module | None:
         """The model wrap() returned (DDP, compiled, IPEX as applied); None before wrap()."""
-        return self._late.model
+        wrapped = self._wrapped.get()
+        return wrapped.model if wrapped else None
 
     @property
     def resumed(self) -> LoopState | None:
         """Where the checkpoint wrap() resumed from left off; None for a fresh start."""
-        return self._late.checkpoints.resumed if self._late.checkpoints else None
+        wrapped = self._wrapped.get()
+        return wrapped.resumed if wrapped else None
 
     def describe(self) -> dict[str, str]:
         """Every resolved choice and why, for the start-up lines, config.json and checkpoints."""
-        p = self._late.precision
+        p = self.precision
         return {
             "launcher": f"{self.launch.launcher}: rank {self.rank} of {self.world_size}, "
                         f"local rank {self.local_rank} of {self.launch.local_world_size}",
@@ -157,7 +148,7 @@ class Run:
 
     def banner(self) -> list[str]:
         """Two start-up lines a person reads: who runs where, and how it computes (after wrap())."""
-        p = self._late.precision
+        p = self.precision
         ipex = ("off" if self.ipex is None else f"ipex.optimize applied ({p.name if p else '?'}); {self.ipex.reason}"
                 if self.ipex.usable else self.ipex.reason)
         return [f"corecpu {self.world_size} rank(s) via {self.launch.launcher}; backend {self.backend} "
@@ -167,7 +158,7 @@ class Run:
 
     def resolved(self) -> dict[str, Any]:
         """The machine-dependent choices as plain values: a resume compares them with the checkpoint's."""
-        p = self._late.precision
+        p = self.precision
         return {"backend": self.backend, "allreduce": self.allreduce, "threads": self.threads,
                 "precision": p.name if p else None, "bf16_speedup": p.bf16_speedup if p else None,
                 "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size,
@@ -177,69 +168,47 @@ class Run:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, *,
              loader: DataLoader | None = None,
              checkpoint: Checkpoints | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-        """In this order: settle the precision on `loader`'s shapes (else the last run.loader()'s), resume from
-        `checkpoint` into the plain model and optimizer, then ipex.optimize (where usable), torch.compile (if
-        asked), DDP with the chosen gradient all-reduce (more than one rank), and a forward that autocasts.
-        IPEX replaces the optimizer; a scheduler passed here is pointed at the new one."""
-        if self._late.model is not None:
+        """In this order: settle the precision on `loader`'s shapes, resume from `checkpoint` into the plain
+        model and optimizer, then ipex.optimize (where usable), torch.compile (if asked), DDP with the chosen
+        gradient all-reduce (more than one rank), and a forward that autocasts. IPEX replaces the optimizer;
+        a scheduler passed here is pointed at the new one. Once per run."""
+        if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
         precision = self.decide_precision(model, loader)
-        if checkpoint is not None:
-            self._late.checkpoints = checkpoint
-            checkpoint.restore(self, model, optimizer, scheduler)
-        if self.uses_ipex:
-            if optimizer is None:
-                raise CoreCPUError("ipex.optimize for training needs the optimizer; pass it to wrap(), or ipex='off'")
-            model, optimizer = _ipex.optimize(model, optimizer, scheduler, precision)
-        if precision.autocast_dtype is not None:  # on the user's module, so unwrap(model) autocasts too
-            model.forward = _autocasting(model.forward)  # type: ignore[method-assign]
-        if self.options.compile:
-            # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
-            model = torch.compile(model, dynamic=True)
-        if self.world_size > 1:
-            # Broadcasting buffers costs a collective before every forward; only running statistics
-            # (batch norm) change during training, and only they need rank 0's copy each step.
-            # Gradients written straight into the all-reduce buckets save a copy of every gradient.
-            sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
-            model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
-            # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own (torch's bf16 hook for bf16)
-            hook = self._late.gradient_allreduce
-            if hook is None:
-                hook = make_gradient_allreduce(self.allreduce, self.launch, self._node, self.options.allreduce_dtype)
-                self._late.closers.append(hook.close)
-            hook.register(model)
-        if checkpoint is not None:
-            checkpoint.attach(model, optimizer, scheduler)
-        self._late.model = model
-        return model, optimizer
+        # Resolved choices as they stand once the precision is settled: what a resume compares.
+        resolved = {**self.resolved(), "precision": precision.name, "bf16_speedup": precision.bf16_speedup,
+                    "source": precision.source}
+        wrapped, optimizer = wrap_model(
+            model, optimizer, scheduler, precision=precision, checkpoint=checkpoint,
+            restore=lambda ckpt: ckpt.restore(model, optimizer, scheduler, resolved=resolved, is_main=self.is_main,
+                                              untimed=self._clock.untimed),
+            use_ipex=self.uses_ipex, compile=self.options.compile,
+            ddp_hook=self._gradient_path if self.world_size > 1 else None)
+        self._wrapped.set(wrapped)
+        return wrapped.model, optimizer
+
+    def _gradient_path(self) -> GradientAllreduce:
+        """The path setup() measured and kept, else a new one of the chosen kind (released at close)."""
+        if self._measured_path is not None:
+            return self._measured_path
+        path = make_gradient_allreduce(self.allreduce, self.launch, self._node, self.options.allreduce_dtype)
+        self._life.on_close(path.close)
+        return path
 
     def decide_precision(self, model: torch.nn.Module, loader: DataLoader | None = None) -> PrecisionChoice:
-        """Settle the precision for `model` now (wrap() does it otherwise). A collective for more than one rank.
-        auto: AMX means bf16; elsewhere the model's own shapes are timed in both precisions (once per CPU
-        model, then cached). Every rank measures on its own cores; bf16 only if every rank found it faster."""
-        if self._late.precision_final:
-            return self._late.precision  # type: ignore[return-value]
-        batch, seq = _shape_of(loader) if loader is not None else self._late.shape_hint or (DEFAULT_SHAPE[0], None)
-        if seq is None:  # no lengths known: a typical fine-tuning length for sequence models, 1 row otherwise
-            seq = DEFAULT_SHAPE[1] if hasattr(unwrap(model), "config") else 1
-        requested, features = self.options.precision, read_cpu_features()
-        try:
-            shapes = CalibrationShapes.from_model(unwrap(model), batch, seq)
-            choice = resolve_precision(requested, features, shapes, self.threads)
-        except CoreCPUError as exc:
-            if requested != "auto":
-                choice = decide_precision(requested, features)
-            else:  # nothing bf16 could speed up (no Linear layers): fp32, and say why
-                choice = PrecisionChoice("fp32", f"no shapes to calibrate bf16 on ({exc})".split(";")[0] + ")",
-                                         source="measured")
-        self._late.precision = agree_precision(self.gather(choice)) if self.world_size > 1 else choice
-        self._late.precision_final = True
-        return self._late.precision
+        """The precision for `model` (wrap() settles it with this). A collective for more than one rank.
+        fp32 as asked; auto: AMX means bf16, elsewhere the model's own shapes (`loader`'s, see
+        run.loader()) are timed in both precisions (once per CPU model, then cached). Every rank measures
+        on its own cores; bf16 only if every rank found it faster."""
+        if self.options.precision == "fp32" and self.requested_precision is not None:
+            return self.requested_precision
+        choice = measure_precision(self.options.precision, model, calibration_shape(model, loader), self.threads)
+        return agree_precision(self.gather(choice)) if self.world_size > 1 else choice
 
     def autocast(self) -> ContextManager:
         """bf16 autocast where the precision is bf16, else nothing: for computations outside the wrapped
         model's forward. fp32 and bf16 are settled at setup(), auto when the model is wrapped."""
-        p = self._late.precision
+        p = self.precision
         if p is None:
             raise CoreCPUError("autocast() before wrap(): precision 'auto' is settled when the model is wrapped")
         return torch.autocast("cpu", dtype=torch.bfloat16) if p.name == "bf16" else contextlib.nullcontext()
@@ -248,9 +217,7 @@ class Run:
     def no_sync(model: torch.nn.Module | None, sync: bool) -> ContextManager:
         """For gradient accumulation: skip the all-reduce on every micro-step but the last (sync=True).
         run.steps() does this for you."""
-        if sync or not isinstance(model, DistributedDataParallel):
-            return contextlib.nullcontext()
-        return model.no_sync()
+        return no_sync(model, sync)
 
     # ------------------------------------------------------------ data
     def loader(self, dataset: Dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
@@ -264,8 +231,8 @@ class Run:
             raise CoreCPUError(f"batch_size must be at least 1, got {batch_size}")
         sampler = train_sampler(dataset, batch_size, self.rank, self.world_size, seed, shuffle, lengths)
         loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)
+        # What wrap(loader=) times the precisions on: this batch size and its typical padded length.
         loader.corecpu_shape = (batch_size, typical_batch_length(lengths, batch_size) if lengths else None)
-        self._late.shape_hint = loader.corecpu_shape
         return loader
 
     def eval_loader(self, dataset: Dataset, batch_size: int, *, collate_fn: Callable | None = None,
@@ -289,14 +256,15 @@ class Run:
         if not preempt.installed() and _main_thread():  # a stop signal saves instead of killing the loop
             preempt.install(announce=self.is_main)
             self.on_close(preempt.uninstall)
-        return Steps(self, loader, Schedule.for_loader(loader, grad_accum, epochs, max_steps))
+        return Steps(loader, Schedule.for_loader(loader, grad_accum, epochs, max_steps), clock=self._clock,
+                     wrapped=self._wrapped.get, is_main=self.is_main)
 
     @contextlib.contextmanager
     def evaluating(self, model: torch.nn.Module) -> Iterator[None]:
         """Evaluation mode without gradients, not timed by the watchdog; training mode again after."""
         model.eval()
         try:
-            at = f" at step {self._late.step}" if self._late.step else ""
+            at = f" at step {self._clock.step}" if self._clock.step else ""
             with self.untimed(f"evaluation{at}", kind="eval"), torch.no_grad():
                 yield
         finally:
@@ -337,95 +305,31 @@ class Run:
         or 0; the same answer on every rank. run.steps() asks this between steps."""
         return preempt.stop_requested_everywhere()
 
-    def stop_if_signalled(self, step: Step) -> None:
-        """Collective, after `step`: on a stop signal every rank saves (through wrap()'s checkpointer) and exits
-        75 with one line; without a checkpointer it exits 128+N, nothing saved."""
-        if not preempt.installed() or not (signum := self.should_stop()):
-            return
-        ckpt = self._late.checkpoints
-        saved = ckpt.save(step, force=True) if ckpt else None
-        if ckpt is None:
-            self.print0(f"stopped by {preempt.signal_name(signum)} at step {step.number}; no checkpointer, "
-                        "nothing saved (pass checkpoint= to run.wrap())")
-            raise SystemExit(128 + signum)
-        if self.is_main:
-            ckpt.mark_stopped(preempt.signal_name(signum), step.number, saved)
-        self.print0(preempt.stop_line(signum, step.number, saved.name if saved else f"step-{step.number}"))
-        raise SystemExit(preempt.EXIT_STOPPED)
-
-    def start_watchdog(self) -> "watchdog.Watchdog | watchdog.NullWatchdog":
-        """Heartbeats in the rendezvous store; after the first step, a rank that makes no progress for
-        the step timeout (or 5x the slowest step) is named and the job ends (exit 124). run.steps() runs it."""
-        if self._late.watchdog is None:
-            self._late.watchdog = watchdog.watch(self._late.store, self.rank, self.world_size,
-                                                 self.options.step_timeout)
-            self._late.closers.append(self._late.watchdog.stop)
-        return self._late.watchdog
-
-    @contextlib.contextmanager
-    def untimed(self, phase: str, kind: str = "other") -> Iterator[None]:
+    def untimed(self, phase: str, kind: str = "other") -> ContextManager[None]:
         """A phase no step predicts (evaluation, a checkpoint write): the watchdog does not time it, but a
         rank that stops during it (its heartbeat stands still) is still named and the job ended. Its duration
         is added to `untimed_seconds[kind]`, for the run's phase split in summary.json."""
-        paused = self._late.watchdog.paused(phase) if self._late.watchdog is not None else contextlib.nullcontext()
-        start = time.perf_counter()
-        try:
-            with paused:
-                yield
-        finally:
-            spent = self._late.untimed_seconds
-            spent[kind] = spent.get(kind, 0.0) + time.perf_counter() - start
+        return self._clock.untimed(phase, kind)
 
     @property
     def untimed_seconds(self) -> dict[str, float]:
         """Seconds spent so far in untimed phases, by kind ("eval", "checkpoint", ...)."""
-        return dict(self._late.untimed_seconds)
+        return self._clock.seconds()
 
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call `fn` when the run closes (last registered, first called), whatever ends it."""
-        self._late.closers.append(fn)
+        self._life.on_close(fn)
 
     # ------------------------------------------------------------ teardown
     def close(self) -> None:
         """Release the all-reduce thread, the watchdog and the process group. Safe to call twice."""
-        if self._late.closed:
-            return
-        self._late.closed = True
-        try:
-            for close in reversed(self._late.closers):
-                close()
-        finally:
-            _pg.teardown()
-            # Destroy the rendezvous store now, not during interpreter shutdown, when its C++
-            # threads may outlive the objects they use (seen as "terminate called" aborts at exit).
-            self._late.store = None
-            gc.collect()
+        self._life.close(teardown=_pg.teardown)
 
     def __enter__(self) -> "Run":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _has_running_stats(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
-               for m in model.modules())
-
-
-def _shape_of(loader: DataLoader) -> tuple[int, int | None]:
-    """(batch, tokens per example) to calibrate on: what run.loader() recorded, else the batch size alone."""
-    shape = getattr(loader, "corecpu_shape", None)
-    return shape if shape is not None else (loader.batch_size or DEFAULT_SHAPE[0], None)
-
-
-def _autocasting(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward` under bf16 autocast: the user never writes autocast around a forward (Fabric does the same)."""
-    @functools.wraps(forward)
-    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return forward(*args, **kwargs)
-    return autocast_forward
 
 
 def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
@@ -460,35 +364,46 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     if info.mpi_world and opts.allreduce in ("auto", "mpi", "shm"):
         mpi_init.start_early(env)  # the MPI hook (or shm's leaders) may need it; it overlaps model loading
     measured_paths = opts.allreduce == "auto" and opts.allreduce_dtype == "fp32"
+    busy = bool(env.get(envvars.CPUS_BUSY))  # what launch.sh measured: timings are cached per load state
     pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info, plan_env=lambda: node.env,
                               allreduce=opts.allreduce,
-                              gloo_instead=(lambda: gradient_path.cached_winner_without_ccl(info)) if measured_paths else None)
+                              gloo_instead=(lambda: gradient_path.cached_winner_without_ccl(info, busy=busy))
+                              if measured_paths else None)
+    life = Lifetime(pg.store)
     try:
         path, path_reason = choose_allreduce(opts.allreduce, info, env, backend=pg.backend, dtype=opts.allreduce_dtype)
         # auto where several paths can run: timed on these ranks (cached), the winner's object kept for wrap()
-        path, path_reason, gradient_allreduce = gradient_path.settle(opts.allreduce, opts.allreduce_dtype, info,
-                                                                     pg.backend, node, path, path_reason,
-                                                                     backend_requested=opts.backend,
-                                                                     ccl_skipped=pg.ccl_skipped)
-        bindings = tuple(_pg.gather_objects(_threads.binding_report()))
+        path, path_reason, measured = gradient_path.settle(opts.allreduce, opts.allreduce_dtype, info, pg.backend,
+                                                           node, path, path_reason, backend_requested=opts.backend,
+                                                           ccl_skipped=pg.ccl_skipped, busy=busy)
+        if measured is not None:
+            life.on_close(measured.close)
+        if graceful_stop:
+            life.on_close(preempt.uninstall)
+        bindings = tuple(_frozen(b) for b in _pg.gather_objects(_threads.binding_report()))
+
+        def start_watchdog() -> "watchdog.Watchdog | watchdog.NullWatchdog":
+            dog = watchdog.watch(life.store, info.rank, info.world_size, opts.step_timeout)
+            life.on_close(dog.stop)
+            return dog
+
+        # explicit fp32/bf16 is known now (for bf16, wrap() may add a cached measurement's warning)
+        requested = decide_precision(opts.precision, read_cpu_features()) if opts.precision != "auto" else None
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
                   threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),
                   allreduce=path, allreduce_reason=path_reason, ipex=_ipex.wanted(opts.ipex),
                   master=f"{pg.master_addr}:{pg.master_port}" if pg.master_addr else "", bindings=bindings,
-                  _node=node, **_threads.binding_of(decision, env, lambda: node.binding))
-        run._late.store = pg.store
-        run._late.gradient_allreduce = gradient_allreduce
-        if gradient_allreduce is not None:
-            run._late.closers.append(gradient_allreduce.close)
-        if graceful_stop:
-            run._late.closers.append(preempt.uninstall)
-        if opts.precision != "auto":  # explicit: known now (for bf16, wrap() may add a cached measurement's warning)
-            run._late.precision = decide_precision(opts.precision, read_cpu_features())
-            run._late.precision_final = opts.precision == "fp32"
+                  requested_precision=requested, _node=node, _measured_path=measured, _life=life,
+                  _clock=LoopClock(start_watchdog), **_threads.binding_of(decision, env, lambda: node.binding))
     except BaseException:
         _pg.teardown()
         raise
     return run
+
+
+def _frozen(report: dict[str, Any]) -> Mapping[str, Any]:
+    """A read-only view of one rank's binding report, its lists as tuples: a Run's facts cannot change."""
+    return MappingProxyType({k: tuple(v) if isinstance(v, list) else v for k, v in report.items()})
 
 
 def _main_thread() -> bool:

@@ -7,27 +7,40 @@
         checkpoints.save(step)                                # saves when due: every N, the last step
 
 Between two steps it tells the watchdog a step was made and asks every rank whether a stop
-signal arrived (one tiny all-reduce); if one did, it saves through the run's checkpointer
+signal arrived (one tiny all-reduce); if one did, it saves through wrap()'s checkpointer
 and exits 75 with one line. The position is held here, so a resumed run needs no skip
 arithmetic: the loader's sampler slices off the batches already seen.
+
+run.steps() hands a `Steps` what it works with: the loop clock (the step number, the watchdog),
+and wrap()'s result, read when iteration starts (steps are usually made before wrap(), to size an
+LR schedule). It writes nothing of the run's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+import contextlib
+import sys
+from typing import Any, Callable, ContextManager, Iterator
 
+import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from corecpu.data.sampling import set_epoch
 from corecpu.errors import CoreCPUError
+from corecpu.reliability import preempt
+from corecpu.training.loop_clock import LoopClock
 from corecpu.training.schedule import Schedule
-
-if TYPE_CHECKING:  # the run drives this module; a real import would be a cycle
-    import torch
-
-    from corecpu.training.run import Run
+from corecpu.training.wrapping import Wrapped
 
 _END = object()
+
+
+def no_sync(model: torch.nn.Module | None, sync: bool) -> ContextManager:
+    """For gradient accumulation: skip DDP's all-reduce on every micro-step but the last (sync=True)."""
+    if sync or not isinstance(model, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
 
 
 class Step:
@@ -47,7 +60,7 @@ class Step:
 
     def micro_batches(self) -> Iterator[Any]:
         """This step's batches. Gradients are all-reduced only during the last one's backward."""
-        run = self._loop.run
+        model = self._loop.model
         for i in range(self.group_len):
             batch = next(self._it, _END)
             if batch is _END:
@@ -55,10 +68,10 @@ class Step:
                                    f"{self._loop.schedule.micro_per_epoch} expected; give run.steps() the loader "
                                    "whose batches it counts")
             self.consumed += 1
-            with run.no_sync(run.model, sync=i == self.group_len - 1):
+            with no_sync(model, sync=i == self.group_len - 1):
                 yield batch
 
-    def backward(self, loss: "torch.Tensor") -> None:
+    def backward(self, loss: torch.Tensor) -> None:
         """loss.backward() scaled so that the step averages over all its micro-batches."""
         (loss / self.divisor).backward()
 
@@ -78,9 +91,13 @@ class Step:
 class Steps:
     """The steps of a run over `loader`; iterate it after run.wrap(), which knows the resume position."""
 
-    def __init__(self, run: "Run", loader: DataLoader, schedule: Schedule) -> None:
-        self.run, self.loader, self.schedule = run, loader, schedule
+    def __init__(self, loader: DataLoader, schedule: Schedule, *, clock: LoopClock,
+                 wrapped: Callable[[], Wrapped | None], is_main: bool) -> None:
+        """`wrapped()`: wrap()'s result once it exists (None before, or with no wrap() at all)."""
+        self.loader, self.schedule = loader, schedule
+        self._clock, self._wrapped, self._is_main = clock, wrapped, is_main
         self.completed = 0  # optimizer steps done so far (a resumed run starts at its checkpoint's)
+        self.model: torch.nn.Module | None = None  # the wrapped model, known when iteration starts
 
     @property
     def total(self) -> int:
@@ -88,10 +105,12 @@ class Steps:
 
     def __iter__(self) -> Iterator[Step]:
         sched = self.schedule
-        start = self.run.resumed
+        wrapped = self._wrapped()
+        self.model = wrapped.model if wrapped else None
+        start = wrapped.resumed if wrapped else None
         step, epoch, micro = (start.step, start.epoch, start.batches_in_epoch) if start else (0, 0, 0)
         self.completed = step
-        watchdog = self.run.start_watchdog()
+        watchdog = self._clock.watchdog()
         try:
             while not sched.finished(step, epoch):
                 set_epoch(self.loader, epoch, skip_batches=micro)
@@ -104,17 +123,37 @@ class Steps:
                     current = Step(self, it, number=step + 1, epoch=epoch, first_micro=micro, group_len=n,
                                    ends_epoch=sched.epoch_done(micro + n), is_last=step + 1 >= sched.total_steps,
                                    divisor=group)
-                    self.run._late.step = current.number
+                    self._clock.begin_step(current.number)
                     yield current
                     if current.consumed != n:
                         raise CoreCPUError(f"step {current.number} used {current.consumed} of its {n} micro-batches; "
                                            "iterate step.micro_batches() to the end in every step")
                     step, micro = step + 1, micro + n
                     self.completed = step
-                    watchdog.progress(step)
+                    self._clock.step_done(step)
                     if current.is_last:
                         return
-                    self.run.stop_if_signalled(current)
+                    self._stop_if_signalled(current, wrapped)
                 epoch, micro = epoch + 1, 0
         finally:
             watchdog.stop()
+
+    def _stop_if_signalled(self, step: Step, wrapped: Wrapped | None) -> None:
+        """Collective, after `step`: on a stop signal every rank saves (through wrap()'s checkpointer) and exits
+        75 with one line; without a checkpointer it exits 128+N, nothing saved."""
+        if not preempt.installed() or not (signum := preempt.stop_requested_everywhere()):
+            return
+        ckpt = wrapped.checkpoints if wrapped else None
+        if ckpt is None:
+            self._say(f"stopped by {preempt.signal_name(signum)} at step {step.number}; no checkpointer, "
+                      "nothing saved (pass checkpoint= to run.wrap())")
+            raise SystemExit(128 + signum)
+        saved = ckpt.save(step, force=True)
+        if self._is_main:
+            ckpt.mark_stopped(preempt.signal_name(signum), step.number, saved)
+        self._say(preempt.stop_line(signum, step.number, saved.name if saved else f"step-{step.number}"))
+        raise SystemExit(preempt.EXIT_STOPPED)
+
+    def _say(self, line: str) -> None:
+        if self._is_main:
+            print(line, file=sys.stdout, flush=True)

@@ -110,3 +110,74 @@ def test_cpus_the_launcher_gave_are_known_even_if_torch_came_first(monkeypatch):
     # torch first with OMP_PROC_BIND set: libgomp may have narrowed the mask already; say so.
     cpus, warning = threads.launcher_cpus({"OMP_PROC_BIND": "close"})
     assert cpus == frozenset({0, 1, 2, 3}) and "OMP_PROC_BIND" in warning and "import corecpu first" in warning
+
+
+# ---------------------------------------------------------------- what the Run holds, and who owns the rest
+def _immutable(value: object) -> bool:
+    from types import MappingProxyType
+
+    if value is None or isinstance(value, (str, int, float, bool, bytes, frozenset)):
+        return True
+    if isinstance(value, tuple):
+        return all(_immutable(v) for v in value)
+    if isinstance(value, MappingProxyType):
+        return all(_immutable(v) for v in value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return value.__dataclass_params__.frozen and all(_immutable(getattr(value, f.name))
+                                                        for f in dataclasses.fields(value))
+    return False
+
+
+def test_run_has_no_mutable_field(clean_env):
+    from corecpu.cpu.node_plan import NodePlan
+    from corecpu.distributed.allreduce import GradientAllreduce
+    from corecpu.training.lifetime import Lifetime
+    from corecpu.training.loop_clock import LoopClock
+    from corecpu.training.wrapping import Once
+
+    # Facts are immutable all the way down; the rest is one of the owners the module docstring names.
+    owners = (Lifetime, LoopClock, Once, NodePlan, GradientAllreduce)
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        run.wrap(torch.nn.Linear(3, 2), None)
+        loose = [f.name for f in dataclasses.fields(run)
+                 if not (_immutable(getattr(run, f.name)) or isinstance(getattr(run, f.name), owners))]
+        assert not loose, f"mutable Run fields: {loose}"
+        assert not hasattr(run, "__dict__")  # slots: nothing beside the fields can be attached
+
+
+def test_the_mutable_check_can_fail():
+    @dataclasses.dataclass(frozen=True)
+    class Leaky:
+        late: dict
+
+    assert not _immutable(Leaky({}))
+    assert not _immutable((1, [2]))
+    assert _immutable((1, "a", None))
+
+
+def test_wrap_is_once_and_its_result_is_what_the_run_reports(clean_env):
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        assert run.model is None and run.resumed is None and run.precision.name == "fp32"
+        model, _ = run.wrap(torch.nn.Linear(3, 2), None)
+        assert run.model is model
+        with pytest.raises(CoreCPUError, match="wrap\\(\\) was called before"):
+            run.wrap(torch.nn.Linear(3, 2), None)
+
+
+def test_steps_write_the_step_to_the_clock_and_nothing_to_the_run(clean_env):
+    data = torch.utils.data.TensorDataset(torch.arange(8).float())
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        loader = run.loader(data, batch_size=2, seed=0)
+        steps = run.steps(loader, max_steps=3)
+        model, _ = run.wrap(torch.nn.Linear(1, 1), None, loader=loader)
+        before = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
+        seen = []
+        for step in steps:
+            for (x,) in step.micro_batches():
+                step.backward(model(x[:, None]).sum())
+            seen.append(run._clock.step)
+            with run.evaluating(model):
+                pass
+        assert seen == [1, 2, 3] and steps.completed == 3 and steps.model is model
+        assert {f.name: getattr(run, f.name) for f in dataclasses.fields(run)} == before
+        assert "eval" in run.untimed_seconds

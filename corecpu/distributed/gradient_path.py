@@ -9,12 +9,11 @@ for run.wrap(), so an MPI or shared-memory set-up is not paid twice.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.hardware import read_cpu_features
+from corecpu.cpu.node_plan import NodePlan
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, make_gradient_allreduce, mpi4py_importable
 from corecpu.distributed.allreduce_choice import cache_key, cached, cached_pick, choose_by_measurement
@@ -22,8 +21,6 @@ from corecpu.distributed.shm_allreduce import shm_status
 
 if TYPE_CHECKING:
     import torch
-
-    from corecpu.cpu.node_plan import NodePlan
 
 
 def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,
@@ -38,22 +35,23 @@ def candidates(info: LaunchInfo, backend: str, mpi_ok: Callable[[], tuple[bool, 
     return paths
 
 
-def _key(info: LaunchInfo, order: list[str]) -> str:
+def _key(info: LaunchInfo, order: list[str], busy: bool = False) -> str:
+    """The cache key of a timing of `order`: per kind of machine, layout, torch and load state. `busy` is what
+    launch.sh measured just before starting the ranks (setup() reads it once); elsewhere no sign of load."""
     import torch
 
-    busy = bool(os.environ.get(envvars.CPUS_BUSY))  # what launch.sh measured; elsewhere no sign of load
     return cache_key(read_cpu_features().model_name, info.world_size, info.local_world_size, torch.get_num_threads(),
                      order, torch.__version__, busy)
 
 
 def cached_winner_without_ccl(info: LaunchInfo, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,
-                              shm_ok: Callable[[], tuple[bool, str]] = shm_status) -> str:
+                              shm_ok: Callable[[], tuple[bool, str]] = shm_status, *, busy: bool = False) -> str:
     """Rank 0, before the process group exists (for --backend auto with ccl usable): why to start gloo instead
     of ccl, or "" to keep ccl. Gloo when this host's cached timing of the ccl candidates picked another path:
     the process group would then carry only control messages, and a ccl one costs about a second more to
     start (measured: 1.2 s against gloo's 0.1 s on a 2-vCPU Xeon, plus 0.5 s for its first collective)."""
     order = candidates(info, "ccl", mpi_ok, shm_ok)
-    known = cached_pick(cached(_key(info, order)), order) if len(order) > 1 else None
+    known = cached_pick(cached(_key(info, order, busy)), order) if len(order) > 1 else None
     if known is None or known[0] == "ccl":
         return ""  # ccl won, or nothing measured yet: start ccl, so that it can be timed with the others
     choice, why = known
@@ -61,8 +59,8 @@ def cached_winner_without_ccl(info: LaunchInfo, mpi_ok: Callable[[], tuple[bool,
             "messages and gloo starts faster")
 
 
-def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "NodePlan", path: str,
-           reason: str, backend_requested: str = "auto", ccl_skipped: bool = False
+def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: NodePlan | None, path: str,
+           reason: str, backend_requested: str = "auto", ccl_skipped: bool = False, *, busy: bool = False
            ) -> tuple[str, str, GradientAllreduce | None]:
     """Collective for auto with more than one rank: (path, why, the winner's object or None). Anything else
     passes `path` and `reason` through, as does an explicit `--backend ccl` (`backend_requested`): a user
@@ -76,10 +74,10 @@ def settle(requested: str, dtype: str, info: LaunchInfo, backend: str, node: "No
         return path, reason, None
     if ccl_skipped:
         with_ccl = ["ccl", *order]
-        known = cached_pick(_pg.gather_objects(cached(_key(info, with_ccl)) if info.rank == 0 else None)[0], with_ccl)
+        known = cached_pick(_pg.gather_objects(cached(_key(info, with_ccl, busy)) if info.rank == 0 else None)[0], with_ccl)
         if known is not None and known[0] in order:
             return known[0], known[1] + " (cached)", None
-    key = _key(info, order)
+    key = _key(info, order, busy)
     built: dict[str, GradientAllreduce] = {}
 
     def make_paths() -> Mapping[str, Callable[["torch.Tensor"], "torch.futures.Future"]]:

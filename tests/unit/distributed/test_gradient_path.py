@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from corecpu.cluster.launchers import detect_launcher
-from corecpu.training import gradient_path
+from corecpu.distributed import gradient_path
 
 MPI = {"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
 TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}

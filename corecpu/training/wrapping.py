@@ -1,0 +1,131 @@
+"""What run.wrap() makes, in the order it must be made, and the record of it.
+
+    precision (settled on the loader's shapes, agreed by every rank)
+    -> resume from the checkpointer, into the plain model and optimizer
+    -> ipex.optimize -> a forward that autocasts -> torch.compile -> DDP with the chosen gradient path
+
+`Wrapped` is that result, frozen; wrap() creates it once and the run's steps read it (the model whose
+gradients they sync, the checkpointer they save through on a stop signal, the resume position).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from corecpu.compute import ipex as _ipex
+from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
+from corecpu.compute.wrappers import unwrap
+from corecpu.cpu.hardware import read_cpu_features
+from corecpu.errors import CoreCPUError
+from corecpu.training.checkpoint import LoopState
+from corecpu.training.checkpointer import Checkpoints
+
+# torch 2.13 renamed DDP's broadcast_buffers (deprecated) to forward_sync_buffers; IPEX 2.8 needs torch 2.8.
+_DDP_HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+DEFAULT_SHAPE = (16, 64)  # (batch, tokens) calibrated when no loader says better: a typical fine-tuning batch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Wrapped:
+    """What wrap() made: read by the steps, by `run.model` / `run.precision` / `run.resumed`."""
+
+    model: torch.nn.Module  # DDP, compiled, IPEX as applied
+    precision: PrecisionChoice  # settled on the model's shapes and agreed across ranks
+    checkpoints: Checkpoints | None
+
+    @property
+    def resumed(self) -> LoopState | None:
+        return self.checkpoints.resumed if self.checkpoints is not None else None
+
+
+class Once(Generic[T]):
+    """A value set exactly once (by its one writer), read any number of times: wrap()'s result."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._value: T | None = None
+
+    def set(self, value: T) -> T:
+        if self._value is not None:
+            raise CoreCPUError(f"{self._what} was called before in this run; call it once")
+        self._value = value
+        return value
+
+    def get(self) -> T | None:
+        return self._value
+
+
+def calibration_shape(model: torch.nn.Module, loader: DataLoader | None) -> tuple[int, int]:
+    """(batch, tokens per example) to time the precisions on: what run.loader() recorded on `loader`, else
+    its batch size with a typical fine-tuning length for sequence models (1 row for anything else)."""
+    shape = getattr(loader, "corecpu_shape", None) if loader is not None else None
+    batch, seq = shape if shape is not None else (
+        (loader.batch_size or DEFAULT_SHAPE[0]) if loader is not None else DEFAULT_SHAPE[0], None)
+    if seq is None:
+        seq = DEFAULT_SHAPE[1] if hasattr(unwrap(model), "config") else 1
+    return batch, seq
+
+
+def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, int], threads: int) -> PrecisionChoice:
+    """This rank's precision for `model` (no collective). auto: AMX means bf16; elsewhere the model's own
+    shapes are timed in both precisions (once per CPU model, then cached)."""
+    features = read_cpu_features()
+    try:
+        return resolve_precision(requested, features, CalibrationShapes.from_model(unwrap(model), *shape), threads)
+    except CoreCPUError as exc:
+        if requested != "auto":
+            return decide_precision(requested, features)
+        # nothing bf16 could speed up (no Linear layers): fp32, and say why
+        return PrecisionChoice("fp32", f"no shapes to calibrate bf16 on ({exc})".split(";")[0] + ")", source="measured")
+
+
+def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any, *,
+               precision: PrecisionChoice, checkpoint: Checkpoints | None,
+               restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
+               ddp_hook: Callable[[], Any] | None) -> tuple[Wrapped, torch.optim.Optimizer | None]:
+    """Apply the steps in the module docstring's order. `restore(checkpoint)` loads the resume point into the
+    plain model and optimizer; `ddp_hook()` (None for one process) gives the gradient path to register."""
+    if checkpoint is not None:
+        restore(checkpoint)
+    if use_ipex:
+        if optimizer is None:
+            raise CoreCPUError("ipex.optimize for training needs the optimizer; pass it to wrap(), or ipex='off'")
+        model, optimizer = _ipex.optimize(model, optimizer, scheduler, precision)
+    if precision.autocast_dtype is not None:  # on the user's module, so unwrap(model) autocasts too
+        model.forward = _autocasting(model.forward)  # type: ignore[method-assign]
+    if compile:
+        # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
+        model = torch.compile(model, dynamic=True)  # type: ignore[assignment]
+    if ddp_hook is not None:
+        # Broadcasting buffers costs a collective before every forward; only running statistics
+        # (batch norm) change during training, and only they need rank 0's copy each step.
+        # Gradients written straight into the all-reduce buckets save a copy of every gradient.
+        sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
+        model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
+        ddp_hook().register(model)  # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own
+    if checkpoint is not None:
+        checkpoint.attach(model, optimizer, scheduler)
+    return Wrapped(model=model, precision=precision, checkpoints=checkpoint), optimizer
+
+
+def _has_running_stats(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
+               for m in model.modules())
+
+
+def _autocasting(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """`forward` under bf16 autocast: the user never writes autocast around a forward (Fabric does the same)."""
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+    return autocast_forward
