@@ -4,13 +4,17 @@ Every CORECPU_* variable corecpu reads or writes is named here, with who sets it
 who reads it, so the three stages cannot drift apart (launch.sh and tests/ipex_env.sh,
 being shell, spell TORCH_INDEX and CACHE_DIR out; a test checks they match). Nothing
 here imports torch.
+
+`scoped(env, NAME=value, OTHER=None)` changes variables for one block and restores them exactly: for a
+library that reads the real process environment (datasets, torch's cpp_extension, a C op), pass os.environ.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping, MutableMapping
 
 # Set by corecpu.bind for the rank it execs; read by corecpu.cpu.threads / corecpu.setup().
 BOUND_CPUS = "CORECPU_BOUND_CPUS"  # the rank's compute CPUs as a cpulist ("0-3,8"): bind already pinned it
@@ -52,3 +56,24 @@ def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
         return Path(env[CACHE_DIR])
     base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
     return base / "corecpu"
+
+
+@contextlib.contextmanager
+def scoped(env: MutableMapping[str, str], **changes: str | None) -> Iterator[MutableMapping[str, str]]:
+    """Set (a string) or unset (None) each of `changes` in `env` for the block, then put back exactly what
+    was there before, set or unset, also when the block raises. Changes `env` itself, so the process
+    environment only when `env` is os.environ (whose writes reach C libraries and child processes)."""
+    saved = {k: env.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v

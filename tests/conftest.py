@@ -34,9 +34,9 @@ TIER_MARKERS = {"unit": ("unit",), "multiprocess": ("multiprocess",), "e2e": ("e
                 "ipex": ("e2e",), "ccl": ("ccl", "e2e")}
 MARKERS = {"unit", "multiprocess", "e2e", "chaos", "ccl"}
 
-# Set once by libraries at import (transformers, tokenizers, corecpu.training.modeling's offline switch, the oneCCL
-# bindings' FI_PROVIDER_PATH); not a test's doing.
-IMPORT_TIME_VARIABLES = {"HF_HUB_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "TOKENIZERS_PARALLELISM",
+# Set once by libraries at import (tokenizers, torch, the oneCCL bindings' FI_PROVIDER_PATH); not a test's doing.
+# corecpu itself sets nothing at import (tests/unit/test_environ.py).
+IMPORT_TIME_VARIABLES = {"TOKENIZERS_PARALLELISM",
                          "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK", "PYTORCH_NVML_BASED_CUDA_CHECK",
                          "CUDA_MODULE_LOADING", "TF_CPP_MIN_LOG_LEVEL", "HF_DATASETS_OFFLINE",
                          "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "FI_PROVIDER_PATH"}

@@ -112,11 +112,10 @@ def launched_by_hydra(env: Mapping[str, str]) -> bool:
     return "PMI_FD" in env or "HYDRA_BSTRAP_PROXY_ID" in env
 
 
-def close_inherited_wildcard_listeners(env: Mapping[str, str] | None = None) -> list[Listener]:
+def close_inherited_wildcard_listeners(env: Mapping[str, str]) -> list[Listener]:
     """In a rank started by hydra: stop the proxy's 0.0.0.0 listener we inherited (see the module
     docstring). Only wildcard listeners whose descriptor this process holds from its start are touched;
     returns them."""
-    env = os.environ if env is None else env
     if not launched_by_hydra(env):
         return []
     held = socket_inodes()

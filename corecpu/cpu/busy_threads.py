@@ -16,13 +16,11 @@ A user's own I_MPI_WAIT_MODE is kept either way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from corecpu.cpu.cpulist import format_cpu_list
-
-if TYPE_CHECKING:
-    from corecpu.cpu.plan import RankPlan
-    from corecpu.cpu.topology import Topology
+from corecpu.cpu.rank_plan import RankPlan
+from corecpu.cpu.topology import Topology
 
 WAIT_MODE_VAR = "I_MPI_WAIT_MODE"
 
@@ -63,9 +61,7 @@ def describe(plan: CommThreadPlan) -> str:
     return f"comm thread{where}: {plan.reason}"
 
 
-
-
-def for_rank(topology: "Topology", ranks: Sequence["RankPlan"], rank: "RankPlan", compute_threads: int,
+def for_rank(topology: Topology, ranks: Sequence[RankPlan], rank: RankPlan, compute_threads: int,
              env: Mapping[str, str]) -> CommThreadPlan:
     """plan_comm_thread for `rank` among this node's `ranks`: free CPUs are those of its NUMA node(s) that no rank
     computes on and no CCL worker holds, shared out among the ranks on the same node(s)."""

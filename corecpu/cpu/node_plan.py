@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import sys
 from dataclasses import replace
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo
@@ -87,7 +87,8 @@ def rank_environment(plan: Plan, rank: RankPlan, environ: Mapping[str, str]) -> 
 class NodePlan:
     """This node's plan for the rank `info` describes, computed on first use and then kept."""
 
-    def __init__(self, info: LaunchInfo, environ: Mapping[str, str], binding: str = "auto") -> None:
+    def __init__(self, info: LaunchInfo, environ: MutableMapping[str, str], binding: str = "auto") -> None:
+        # setup()'s `env`: threads and the MPI all-reduce write what OpenMP and MPI must read there.
         self.info, self.environ, self.requested_binding = info, environ, binding
 
     @functools.cached_property

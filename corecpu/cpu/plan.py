@@ -19,6 +19,7 @@ from corecpu import envvars
 from corecpu.cpu import busy_threads
 from corecpu.cpu.ccl_plan import ccl_environment
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
+from corecpu.cpu.rank_plan import RankPlan
 from corecpu.cpu.topology import Topology
 
 KMP_AFFINITY = "granularity=fine,compact,1,0"
@@ -43,32 +44,6 @@ class PlanRequest:
         if self.ccl_workers is not None:
             return self.ccl_workers
         return 1 if self.backend == "ccl" else 0
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    local_rank: int
-    cpus: tuple[int, ...]  # compute CPUs: the affinity mask and OMP places
-    numa_nodes: tuple[int, ...]
-    omp_num_threads: int
-    ccl_worker_cpus: tuple[int, ...] = ()
-    membind: tuple[str, ...] = ()  # command prefix, e.g. ("numactl", "--membind=0")
-    cores: int = 0  # physical cores owned, CCL worker cores included
-    affinity: tuple[int, ...] = ()  # CPUs the rank may run on, when wider than `cpus` (numa binding)
-    comm_cpu: int | None = None  # a CPU no rank computes on, for the gradient all-reduce's spinning comm thread
-
-    @property
-    def pin_cpus(self) -> tuple[int, ...]:
-        """The affinity mask to set: `cpus`, or the wider set a numa binding allows."""
-        return self.affinity or self.cpus
-
-    @property
-    def numa_node(self) -> int | list[int]:
-        return self.numa_nodes[0] if len(self.numa_nodes) == 1 else list(self.numa_nodes)
-
-    @property
-    def cpulist(self) -> str:
-        return format_cpu_list(self.cpus)
 
 
 @dataclass(frozen=True)

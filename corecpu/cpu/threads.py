@@ -22,7 +22,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, MutableMapping
 
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo
@@ -40,7 +40,7 @@ TORCH_LOADED_FIRST = "torch" in sys.modules
 _OMP_BINDING_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
 
 
-def launcher_cpus(env: Mapping[str, str] = os.environ) -> tuple[frozenset[int], str | None]:
+def launcher_cpus(env: Mapping[str, str]) -> tuple[frozenset[int], str | None]:
     """The CPUs the launcher gave this process, and a warning when they can no longer be known."""
     if env.get(BOUND_VAR):
         return frozenset(parse_cpu_list(env[BOUND_VAR])), None
@@ -125,27 +125,32 @@ def _decide_from_binding(
 
 
 def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int] | None = None,
-                      node: NodePlan | None = None) -> ThreadDecision:
+                      node: NodePlan | None = None, *, env: MutableMapping[str, str]) -> ThreadDecision:
     """Apply decide_threads to this process. Call before any torch operation runs. `node` is this
-    node's plan, shared with whoever else needs it (computed here only if this rank must be bound)."""
+    node's plan, shared with whoever else needs it (computed here only if this rank must be bound).
+
+    `env` is setup()'s environment, read for the launcher's and corecpu.bind's variables and written with
+    OMP_NUM_THREADS, the decision and the comm thread's CPU. Pass os.environ in a rank (setup() does):
+    OpenMP and child processes read the real one. A dict keeps a test's process untouched (the affinity
+    and torch's thread count still change)."""
     if affinity is None:
-        affinity, _ = launcher_cpus()
+        affinity, _ = launcher_cpus(env)
     online = _online_cpus() or affinity
     cpuset = read_cpuset()
     unbound = frozenset(cpuset) if cpuset else online
     planned, planned_threads = None, None
-    if requested <= 0 and not os.environ.get(BOUND_VAR) and not affinity < unbound and info.local_world_size > 1:
-        share = (node or NodePlan(info, os.environ)).for_rank
+    if requested <= 0 and not env.get(BOUND_VAR) and not affinity < unbound and info.local_world_size > 1:
+        share = (node or NodePlan(info, env)).for_rank
         planned = frozenset(share[1].pin_cpus) if share else None
         planned_threads = share[1].omp_num_threads if share else None
         if share and share[1].comm_cpu is not None:  # as corecpu.bind exports it for the ranks it starts
-            os.environ[envvars.COMM_CPU] = str(share[1].comm_cpu)
-    budget = thread_budget(os.environ, info, quota_threads(read_cpu_quota()))
-    decision = decide_threads(requested, os.environ, affinity, unbound, info, planned, budget, planned_threads)
+            env[envvars.COMM_CPU] = str(share[1].comm_cpu)
+    budget = thread_budget(env, info, quota_threads(read_cpu_quota()))
+    decision = decide_threads(requested, env, affinity, unbound, info, planned, budget, planned_threads)
     if decision.bind_to:
         os.sched_setaffinity(0, decision.bind_to)
-    os.environ["OMP_NUM_THREADS"] = str(decision.threads)
-    os.environ[DECISION_VAR] = decision.reason
+    env["OMP_NUM_THREADS"] = str(decision.threads)
+    env[DECISION_VAR] = decision.reason
     import torch  # here, not at the top: corecpu.cpu stays importable before torch (corecpu.bind)
 
     torch.set_num_threads(decision.threads)
@@ -188,19 +193,21 @@ def process_cpus() -> list[int]:
     return sorted(cpus or os.sched_getaffinity(0))
 
 
-def binding_report() -> dict:
-    """What this rank actually runs on, as seen from inside it (for OUTPUT_DIR/topology.json)."""
+def binding_report(env: Mapping[str, str] | None = None) -> dict:
+    """What this rank actually runs on, as seen from inside it (for OUTPUT_DIR/topology.json). `env`: the one
+    configure_threads wrote to; None reads the process's own (setup() still calls it without one)."""
     import torch  # as in configure_threads: keep corecpu.cpu torch-free at import
 
+    env = os.environ if env is None else env
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "cpus": process_cpus(),
         "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "binding": os.environ.get(DECISION_VAR, "not configured"),
-        "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
-        "plan_note": os.environ.get(PLAN_NOTE_VAR),
+        "omp_num_threads": env.get("OMP_NUM_THREADS"),
+        "binding": env.get(DECISION_VAR, "not configured"),
+        "gloo_socket_ifname": env.get("GLOO_SOCKET_IFNAME"),
+        "plan_note": env.get(PLAN_NOTE_VAR),
     }
 
 

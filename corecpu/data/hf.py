@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from corecpu import envvars
 from corecpu.data.columns import COLUMN_FLAGS, Column, check_labels, infer_columns, short
 from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
@@ -34,10 +35,9 @@ def is_hf_source(spec: str | Path) -> bool:
 
 @contextlib.contextmanager
 def _offline() -> Iterator[Any]:
-    """datasets with hub access switched off; it reads these variables when first imported."""
-    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-    os.environ.update({k: "1" for k in saved})
-    try:
+    """datasets with hub access switched off; it reads these variables from the process environment when
+    first imported, so they are set there for this block only."""
+    with envvars.scoped(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"):
         try:
             import datasets
         except ImportError:
@@ -45,12 +45,6 @@ def _offline() -> Iterator[Any]:
                                "pip install 'corecpu[datasets]'") from None
         datasets.disable_progress_bars()
         yield datasets
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def open_dataset(path: Path, split: str) -> Any:

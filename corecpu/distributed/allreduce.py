@@ -29,7 +29,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping, Protocol
 
 from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES
-from corecpu.distributed.comm_thread import ThreadedGradientAllreduce
+from corecpu.distributed.comm_thread import ThreadedGradientAllreduce, comm_cpu_of
 from corecpu.distributed.mpi_init import init_mpi, mpi4py_importable
 from corecpu.distributed.shm_allreduce import ShmGradientAllreduce, shm_status
 from corecpu.errors import CoreCPUError
@@ -146,10 +146,12 @@ class MpiGradientAllreduce(ThreadedGradientAllreduce):
         `node`: this node's plan, shared with corecpu.setup() (made here if not given)."""
         import torch.distributed as dist
 
+        # The node plan's environment is setup()'s `env` (the process's own unless a test passed another): the
+        # MPI settings go there, and the comm CPU that corecpu.bind or setup() put there is read from it.
+        node = node or NodePlan(info, os.environ)
         if comm is None:
-            node = node or NodePlan(info, os.environ)
-            apply_wait_mode(os.environ, lambda: node.env)  # only matters before MPI_Init, which happens next
-            os.environ.setdefault(ALGORITHM_VAR, RING)
+            apply_wait_mode(node.environ, lambda: node.env)  # only matters before MPI_Init, which happens next
+            node.environ.setdefault(ALGORITHM_VAR, RING)
             mpi = init_mpi()
             comm = mpi.COMM_WORLD
         self.comm = comm
@@ -161,7 +163,7 @@ class MpiGradientAllreduce(ThreadedGradientAllreduce):
                 f"MPI says rank {self.rank} of {world_size} but torch.distributed says rank {expect[0]} of "
                 f"{expect[1]}; start the ranks with one mpirun (not mpirun inside torchrun or srun), or use gloo"
             )
-        super().__init__(world_size, "corecpu-mpi-allreduce")
+        super().__init__(world_size, "corecpu-mpi-allreduce", comm_cpu_of(node.environ))
 
     def _reduce(self, tensor: torch.Tensor, scale: float | None) -> torch.Tensor:
         import numpy as np
@@ -253,7 +255,7 @@ def make_gradient_allreduce(path: str, info: LaunchInfo, node: NodePlan | None =
             raise CoreCPUError(f"MPI has no {wire} sum, so the MPI all-reduce sends fp32; use --allreduce-dtype fp32")
         return MpiGradientAllreduce(info, node=node)
     if path == "shm":
-        return ShmGradientAllreduce(info, wire)
+        return ShmGradientAllreduce(info, wire, comm_cpu=comm_cpu_of(node.environ) if node else None)
     raise CoreCPUError(f"no gradient all-reduce object for {path!r}; use one of gloo, ccl, mpi, shm")
 
 

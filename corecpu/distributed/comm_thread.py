@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from corecpu import envvars
 from corecpu.errors import CoreCPUError
@@ -23,6 +23,13 @@ from corecpu.errors import CoreCPUError
 if TYPE_CHECKING:
     import torch
     from torch.nn.parallel import DistributedDataParallel
+
+
+def comm_cpu_of(env: Mapping[str, str]) -> int | None:
+    """The CPU the node plan set aside for this rank's comm thread (corecpu.cpu.busy_threads), as corecpu.bind or
+    corecpu.setup() put it in the rank's environment; None when there is none."""
+    cpu = env.get(envvars.COMM_CPU, "")
+    return int(cpu) if cpu.isdigit() else None
 
 
 class ThreadedGradientAllreduce:
@@ -34,8 +41,10 @@ class ThreadedGradientAllreduce:
 
     label = "gradient all-reduce"  # in errors: "the <label> thread has stopped"
 
-    def __init__(self, world_size: int, thread_name: str) -> None:
+    def __init__(self, world_size: int, thread_name: str, comm_cpu: int | None = None) -> None:
+        """`comm_cpu`: a CPU nobody computes on for the comm thread (comm_cpu_of(env)); None: the rank's CPUs."""
         self.world_size = world_size
+        self._comm_cpu = comm_cpu
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
         self._thread.start()
@@ -79,10 +88,9 @@ class ThreadedGradientAllreduce:
     def _serve(self) -> None:
         # The plan may have found this rank's comm thread a CPU nobody computes on (corecpu.cpu.busy_threads):
         # it polls there instead of on a core the backward pass needs. Only this thread moves.
-        cpu = os.environ.get(envvars.COMM_CPU, "")
-        if cpu.isdigit():
+        if self._comm_cpu is not None:
             try:
-                os.sched_setaffinity(0, {int(cpu)})
+                os.sched_setaffinity(0, {self._comm_cpu})
             except OSError:
                 pass  # the CPU left this process's set since planning: stay on the rank's CPUs
         while True:
@@ -101,4 +109,4 @@ class ThreadedGradientAllreduce:
         raise NotImplementedError
 
 
-__all__ = ["ThreadedGradientAllreduce"]
+__all__ = ["ThreadedGradientAllreduce", "comm_cpu_of"]

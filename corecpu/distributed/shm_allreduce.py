@@ -48,8 +48,6 @@ from corecpu.errors import CoreCPUError
 if TYPE_CHECKING:
     import torch
 
-# The op reads its group from these variables in initialize(); set only for that call.
-OP_ENV = ("LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SEGMENT_PREFIX = "deepspeed_allreduce_buffer"  # the op's shm_open name: <prefix>_<uid>_<addr>_<port>_<rank>
 PORT_FIELD = "grad"  # the op's "port" part of the name; the namespace (its "addr" part) is what differs
 # The op's kernel levels (its vector_kernel_level()): 2 has the bf16/fp16 kernels, 1 fp32 only.
@@ -106,21 +104,18 @@ def load_op(verbose: bool = False) -> Any:
                            "pip install 'corecpu[shm]', or use --allreduce gloo") from exc
     build_dir = op_cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
-    saved = {k: os.environ.get(k) for k in ("TORCH_EXTENSIONS_DIR", "PATH")}
-    os.environ["TORCH_EXTENSIONS_DIR"] = str(build_dir)  # cpp_extension.load reads it, the builder takes no path
-    # Always the ninja installed beside this Python (DeepSpeed's dependency): ninja versions hash commands
-    # differently, so a system ninja one time and this one the next would rebuild the op every time.
-    os.environ["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), saved["PATH"]]))
-    try:
-        return ShareMemCommBuilder().load(verbose=verbose)
-    except Exception as exc:  # a compiler error is long: its last line says which
-        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise CoreCPUError(f"building DeepSpeed's shared-memory op in {build_dir} failed ({last}); "
-                           "run `python -m corecpu.distributed.shm_allreduce` to see the build log, or use "
-                           "--allreduce gloo") from exc
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    # cpp_extension.load reads TORCH_EXTENSIONS_DIR; the builder takes no path. Always the ninja installed beside
+    # this Python (DeepSpeed's dependency): ninja versions hash commands differently, so a system ninja one time
+    # and this one the next would rebuild the op every time.
+    path = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), os.environ.get("PATH")]))
+    with envvars.scoped(os.environ, TORCH_EXTENSIONS_DIR=str(build_dir), PATH=path):
+        try:
+            return ShareMemCommBuilder().load(verbose=verbose)
+        except Exception as exc:  # a compiler error is long: its last line says which
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise CoreCPUError(f"building DeepSpeed's shared-memory op in {build_dir} failed ({last}); "
+                               "run `python -m corecpu.distributed.shm_allreduce` to see the build log, or use "
+                               "--allreduce gloo") from exc
 
 
 # ---------------------------------------------------------------- names and groups (pure)
@@ -203,9 +198,11 @@ class ShmGradientAllreduce(ThreadedGradientAllreduce):
 
     label = "shared-memory all-reduce"
 
-    def __init__(self, info: LaunchInfo, wire: str = "fp32", use_mpi: bool | None = None) -> None:
+    def __init__(self, info: LaunchInfo, wire: str = "fp32", use_mpi: bool | None = None,
+                 comm_cpu: int | None = None) -> None:
         """`wire`: fp32 or bf16 on the wire. `use_mpi`: the leaders' leg over MPI (default: when MPI started
-        the ranks and mpi4py is installed), else over gloo. Needs the gloo process group (setup())."""
+        the ranks and mpi4py is installed), else over gloo. `comm_cpu`: where the comm thread runs (see
+        ThreadedGradientAllreduce). Needs the gloo process group (setup())."""
         import torch
         import torch.distributed as dist
 
@@ -227,7 +224,7 @@ class ShmGradientAllreduce(ThreadedGradientAllreduce):
                 use_mpi = info.mpi_world and importlib.util.find_spec("mpi4py") is not None
             self.leaders = _MpiLeaders(self.is_leader) if use_mpi else _GlooLeaders(leaders)
             self.leader_transport = "mpi" if use_mpi else "gloo"
-        super().__init__(info.world_size, "corecpu-shm-allreduce")
+        super().__init__(info.world_size, "corecpu-shm-allreduce", comm_cpu)
 
     def describe(self) -> str:
         """How buckets travel, for the start-up line."""
@@ -259,14 +256,10 @@ class ShmGradientAllreduce(ThreadedGradientAllreduce):
                                    f"{_INITIALIZED[1]} of {_INITIALIZED[0]}); start a new process for another")
             self.namespace = _INITIALIZED[2]  # the op keeps its first group; its segments are still mapped
             return
-        saved = {k: os.environ.get(k) for k in OP_ENV}
-        os.environ.update({"LOCAL_SIZE": str(self.local_size), "MASTER_ADDR": self.namespace,
-                           "MASTER_PORT": PORT_FIELD})
-        try:
+        # The op reads its group from these variables in initialize(); set only for that call.
+        with envvars.scoped(os.environ, LOCAL_SIZE=str(self.local_size), MASTER_ADDR=self.namespace,
+                            MASTER_PORT=PORT_FIELD):
             op.initialize(self.local_size, self.local_rank)
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         _INITIALIZED = (self.local_size, self.local_rank, self.namespace)
         barrier()  # every rank has mapped every segment of its host: the names can go
         try:

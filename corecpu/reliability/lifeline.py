@@ -95,13 +95,12 @@ def launcher_to_watch(env: Mapping[str, str], my_ancestors: list[int]) -> int | 
     return pid if pid in my_ancestors else None
 
 
-def watch_launcher(env: Mapping[str, str] | None = None, on_gone: Callable[[int], None] | None = None) -> int | None:
+def watch_launcher(env: Mapping[str, str], on_gone: Callable[[int], None] | None = None) -> int | None:
     """Exit this process (SIGKILL-like, no clean-up) when the local launch.sh process exits.
 
     Returns the watched PID, or None when there is nothing to watch (not under launch.sh, another host,
     or no pidfd support).
     """
-    env = os.environ if env is None else env
     pid = launcher_to_watch(env, ancestors(os.getpid()))
     if pid is None or not hasattr(os, "pidfd_open"):
         return None
@@ -184,7 +183,7 @@ def _say(line: str) -> None:
         pass  # stderr may be a pipe the launcher already closed
 
 
-def install(env: Mapping[str, str] | None = None, launched: bool = True) -> None:
+def install(env: Mapping[str, str], launched: bool = True) -> None:
     """For a rank: die with the process that started it and with launch.sh. `launched`: a launcher
     (not a person's shell) is our parent; PDEATHSIG is set only then, so `nohup python train.py &`
     survives its shell. A rank hydra started without corecpu.bind stops the proxy's 0.0.0.0 listener it
@@ -194,4 +193,4 @@ def install(env: Mapping[str, str] | None = None, launched: bool = True) -> None
         die_with_parent()
     watch_launcher(env)
     if launched:
-        quiet_lost_peer(detect_launcher(os.environ if env is None else env).rank)
+        quiet_lost_peer(detect_launcher(env).rank)

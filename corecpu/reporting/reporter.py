@@ -33,19 +33,22 @@ from corecpu.training.steps import Step
 class Reporter:
     def __init__(self, run: Run, output_dir: str | Path, config: dict[str, Any], total_steps: int,
                  progress: str = "auto", resume_step: int | None = None, trackers: Sequence[str] = (),
-                 log_every: int = 10) -> None:
+                 log_every: int = 10, env: Mapping[str, str] | None = None) -> None:
+        """`env`: where the launcher's variables (CORECPU_TTY, the launcher's PID) and the trackers' settings
+        are read; None: this process's environment, read here once for all of reporting."""
         self.run, self.out, self.total_steps, self.log_every = run, Path(output_dir), total_steps, log_every
-        self.console = make_console()
+        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.console = make_console(self.env)
         self.main = run.is_main
         self.reports = [dict(b) for b in run.bindings]  # every rank's real CPUs and threads, gathered by setup()
         self.metrics: MetricsLog | None = None
-        self.progress = make_progress(progress, self.console) if self.main else None
+        self.progress = make_progress(progress, self.console, self.env) if self.main else None
         self._task = None
         self.config = config
         if self.main:
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step,
-                                      open_trackers(trackers, self.out, config, rank=run.rank))
+                                      open_trackers(trackers, self.out, config, env=self.env, rank=run.rank))
         self.started = time.perf_counter()
         self.start_up_s: float | None = None  # launcher start to the training loop (set by start())
         self._interval = Throughput()
@@ -66,7 +69,7 @@ class Reporter:
     def start(self, step: int) -> None:
         """As the loop starts (after run.wrap(): the precision is settled): config.json, topology.json, progress."""
         self.started = time.perf_counter()
-        self.start_up_s = seconds_since_launch()
+        self.start_up_s = seconds_since_launch(self.env)
         if self.main:
             self._write("config.json", {**self.config, "resolved": self.run.resolved(), "decisions": self.run.describe()})
             self._write("topology.json", {"ranks": self.reports})
@@ -177,7 +180,7 @@ class Reporter:
         (self.out / name).write_text(json.dumps(_finite(obj), indent=2, allow_nan=False))
 
 
-def seconds_since_launch(env: Mapping[str, str] = os.environ) -> float | None:
+def seconds_since_launch(env: Mapping[str, str]) -> float | None:
     """Seconds since the launcher (corecpu launch / launch.sh, else this process) started, from /proc."""
     pid = int(env[envvars.LAUNCHER_PID]) if env.get(envvars.LAUNCHER_PID, "").isdigit() else os.getpid()
     ticks = process_start(pid) or process_start(os.getpid())

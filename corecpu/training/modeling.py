@@ -6,19 +6,11 @@ Model code never imports torch.distributed: wrapping is the loop's business.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from corecpu.errors import CoreCPUError
-
-# The machines corecpu targets often have no route to a model hub; never try one.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
-from transformers import (  # noqa: E402  (after the offline switch)
+from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -28,7 +20,13 @@ from transformers import (  # noqa: E402  (after the offline switch)
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.utils import logging as hf_logging  # noqa: E402
+from transformers.utils import logging as hf_logging
+
+from corecpu.errors import CoreCPUError
+
+# The machines corecpu targets often have no route to a model hub: every load reads local files only, and
+# says so per call rather than through HF_HUB_OFFLINE, which would switch the hub off for the whole process.
+OFFLINE = {"local_files_only": True}
 
 hf_logging.disable_progress_bar()  # rank 0 draws its own progress; shard-writing bars only add noise
 
@@ -149,7 +147,7 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     path = resolve_model_dir(spec)
     try:
         # Never the directory's own Python (auto_map): transformers would otherwise ask on a terminal.
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **OFFLINE)
     except Exception as exc:
         raise CoreCPUError(f"cannot load a tokenizer from '{path}' ({_first_line(exc)}); the model directory needs its tokenizer files") from None
 
@@ -182,7 +180,8 @@ def _load(spec: str, seed: int, what: str, auto_class: Any, tiny_class: Any, **h
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialized head" notice is expected here
     try:
-        model = auto_class.from_pretrained(str(path), ignore_mismatched_sizes=True, trust_remote_code=False, **head)
+        model = auto_class.from_pretrained(str(path), ignore_mismatched_sizes=True, trust_remote_code=False,
+                                           **OFFLINE, **head)
     except Exception as exc:
         raise CoreCPUError(f"cannot load a {what} model from '{path}' ({_first_line(exc)}); pass --model with a "
                            "Hugging Face model directory") from None

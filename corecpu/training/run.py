@@ -355,7 +355,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
     node = NodePlan(info, env, opts.binding)  # computed on first use, then shared by threads and the MPI all-reduce
     # Binding first: threads started later (the watchers below, gloo's, OpenMP's) inherit the rank's CPUs.
-    decision = _threads.configure_threads(info, opts.threads, cpus, node)
+    decision = _threads.configure_threads(info, opts.threads, cpus, node, env=env)
     if info.rank == 0 and (warning := _threads.threads_warning(opts.threads, decision.bind_to or cpus)):
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)
     lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher

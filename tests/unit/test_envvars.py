@@ -54,3 +54,29 @@ def test_cache_dir_order(tmp_path):
     assert envvars.cache_dir({envvars.CACHE_DIR: str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"}) == tmp_path / "c"
     assert envvars.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "corecpu"
     assert envvars.cache_dir({}).parts[-2:] == (".cache", "corecpu")
+
+
+def test_scoped_sets_unsets_and_restores_exactly():
+    env = {"KEPT": "old", "GONE": "here"}
+    with envvars.scoped(env, KEPT="new", GONE=None, ADDED="1") as inside:
+        assert inside is env and env == {"KEPT": "new", "ADDED": "1"}
+    assert env == {"KEPT": "old", "GONE": "here"}  # ADDED unset again, GONE set again, order of keys aside
+
+
+def test_scoped_restores_when_the_block_raises():
+    env = {"A": "1"}
+    try:
+        with envvars.scoped(env, A="2", B="3"):
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert env == {"A": "1"}
+
+
+def test_scoped_changes_the_process_environment_only_when_given_it(monkeypatch):
+    import os
+
+    monkeypatch.delenv("SCOPED_TEST_PROBE", raising=False)
+    with envvars.scoped(os.environ, SCOPED_TEST_PROBE="1"):
+        assert os.environ["SCOPED_TEST_PROBE"] == "1"
+    assert "SCOPED_TEST_PROBE" not in os.environ

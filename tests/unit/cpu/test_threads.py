@@ -37,3 +37,18 @@ def test_unbound_torchrun_ranks_get_their_planned_share():
 def test_single_rank_uses_everything_it_may():
     d = decide_threads(0, {}, ALL, ALL, LaunchInfo("single", 0, 1, 0, 1), None)
     assert d.threads == 8
+
+
+def test_configure_threads_writes_the_environment_it_is_given():
+    # setup(env=...) promises injection: the decision goes into that mapping, not the process's.
+    import os
+
+    import torch
+
+    from corecpu.cpu.threads import DECISION_VAR, configure_threads
+
+    env: dict[str, str] = {}
+    threads = torch.get_num_threads()  # an explicit request: no binding, torch's pool keeps its size
+    d = configure_threads(LaunchInfo("single", 0, 1, 0, 1), threads, frozenset(os.sched_getaffinity(0)), env=env)
+    assert env == {"OMP_NUM_THREADS": str(threads), DECISION_VAR: "--threads"} and d.threads == threads
+

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from corecpu.distributed.allreduce import MpiGradientAllreduce, apply_wait_mode, choose_allreduce
+from corecpu.distributed.comm_thread import comm_cpu_of
 from corecpu.errors import CoreCPUError
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 
@@ -182,3 +183,8 @@ def test_mpi_and_torch_disagreeing_on_the_world_is_an_error():
     with pytest.raises(CoreCPUError, match=r"^MPI says rank 0 of 3 but torch.distributed says rank 0 of 2; "
                                            r"start the ranks with one mpirun"):
         MpiGradientAllreduce(TWO, FakeComm(size=3), FAKE_MPI)
+
+
+def test_the_comm_thread_cpu_comes_from_the_environment_it_is_given():
+    assert comm_cpu_of({"CORECPU_COMM_CPU": "12"}) == 12
+    assert comm_cpu_of({"CORECPU_COMM_CPU": ""}) is None and comm_cpu_of({}) is None
