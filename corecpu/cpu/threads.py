@@ -193,12 +193,11 @@ def process_cpus() -> list[int]:
     return sorted(cpus or os.sched_getaffinity(0))
 
 
-def binding_report(env: Mapping[str, str] | None = None) -> dict:
+def binding_report(env: Mapping[str, str]) -> dict:
     """What this rank actually runs on, as seen from inside it (for OUTPUT_DIR/topology.json). `env`: the one
-    configure_threads wrote to; None reads the process's own (setup() still calls it without one)."""
+    configure_threads wrote to."""
     import torch  # as in configure_threads: keep corecpu.cpu torch-free at import
 
-    env = os.environ if env is None else env
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),

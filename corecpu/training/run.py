@@ -380,7 +380,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
             life.on_close(measured.close)
         if graceful_stop:
             life.on_close(preempt.uninstall)
-        bindings = tuple(_frozen(b) for b in _pg.gather_objects(_threads.binding_report()))
+        bindings = tuple(_frozen(b) for b in _pg.gather_objects(_threads.binding_report(env)))
 
         def start_watchdog() -> "watchdog.Watchdog | watchdog.NullWatchdog":
             dog = watchdog.watch(life.store, info.rank, info.world_size, opts.step_timeout)

@@ -153,7 +153,7 @@ def test_command_errors(argv, message):
 def test_binding_report_describes_this_process():
     import torch
 
-    report = binding_report()
+    report = binding_report(os.environ)
     assert report["pid"] == os.getpid()
     assert report["cpus"] == sorted(os.sched_getaffinity(0))
     assert report["torch_threads"] == torch.get_num_threads()
