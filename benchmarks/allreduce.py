@@ -40,7 +40,7 @@ LABELS = {"gloo": "gloo", "mpi_thread": "MPI, comm thread (corecpu)", "mpi_raw":
           "ccl": "oneCCL", "shm": "shm, comm thread (corecpu)", "shm_bf16": "shm, bf16 wire",
           "memcpy": "memcpy, 1 process"}
 # oneCCL settings tried (name -> CCL_* variables; anything unset is oneCCL's default). "plan" is what
-# corecpu's plan sets where a rank has no core to spare for a worker (corecpu/cpu/ccl_plan.py).
+# corecpu's plan sets where a rank has no core to spare for a worker (corecpu/cpu/ccl_workers.py).
 CCL_SETTINGS = {
     "defaults": {},
     "offload0": {"CCL_WORKER_OFFLOAD": "0", "CCL_ATL_TRANSPORT": "ofi"},

@@ -19,7 +19,7 @@ from corecpu.cpu.cgroups import REAL_CGROUP
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
 from corecpu.cpu.node_plan import resolve_binding
-from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
+from corecpu.cpu.placement import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import REAL_SYSFS, add_detection_arguments, topology_from_args
 from corecpu.data.builtin import write_task
 from corecpu.errors import CoreCPUError, run_cli

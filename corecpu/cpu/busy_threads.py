@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from corecpu.cpu.cpulist import format_cpu_list
-from corecpu.cpu.rank_plan import RankPlan
+from corecpu.cpu.rank_placement import RankPlan
 from corecpu.cpu.topology import Topology
 
 WAIT_MODE_VAR = "I_MPI_WAIT_MODE"

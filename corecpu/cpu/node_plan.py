@@ -15,7 +15,7 @@ from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import ccl_installed
-from corecpu.cpu.plan import Plan, PlanRequest, RankPlan, make_plan
+from corecpu.cpu.placement import Plan, PlanRequest, RankPlan, make_plan
 from corecpu.cpu.sharing import SharingEvidence, decide_binding, gather_evidence
 from corecpu.cpu.topology import Topology, read_topology
 

@@ -1,6 +1,6 @@
 """What this node's CPUs look like and which of them this process may use.
 
-All I/O lives here; corecpu.cpu.plan turns the frozen `Topology` into a plan without
+All I/O lives here; corecpu.cpu.placement turns the frozen `Topology` into a plan without
 touching the system. Everything reads from parameters that default to the real
 paths, so tests hand in fake sysfs and cgroup trees.
 

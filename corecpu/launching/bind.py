@@ -26,7 +26,7 @@ from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.cpu.node_plan import plan_backend, plan_binding, plan_rank, rank_environment
-from corecpu.cpu.plan import add_request_arguments, make_plan, request_from_args
+from corecpu.cpu.placement import add_request_arguments, make_plan, request_from_args
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.launch import LAUNCHER_IGNORES

@@ -19,7 +19,7 @@ from corecpu.cluster.launchers import detect_launcher
 from corecpu.cpu.cgroups import REAL_CGROUP, read_cpu_quota, read_cpuset, read_memory_limit
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import CCL, installed_extension, installed_version, read_cpu_features
-from corecpu.cpu.plan import Plan
+from corecpu.cpu.placement import Plan
 from corecpu.errors import CoreCPUError
 
 IPEX = ("intel_extension_for_pytorch", ("intel_extension_for_pytorch", "intel-extension-for-pytorch"))

@@ -28,7 +28,7 @@ from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
 from corecpu.cpu.cpulist import format_cpu_list
-from corecpu.cpu.plan import PlanRequest, make_plan
+from corecpu.cpu.placement import PlanRequest, make_plan
 from corecpu.cpu.sharing import decide_binding, gather_evidence
 from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, run_cli

@@ -33,7 +33,7 @@ def test_free_cpus_are_dealt_out_so_ranks_never_share_one() -> None:
 
 def test_for_rank_finds_the_siblings_of_its_own_node(tmp_path) -> None:
     from corecpu.cpu.busy_threads import for_rank
-    from corecpu.cpu.plan import PlanRequest, make_plan
+    from corecpu.cpu.placement import PlanRequest, make_plan
     from corecpu.cpu.topology import detect_topology
     from helpers.sysfs_fixtures import make_machine
 

@@ -332,7 +332,7 @@ def test_read_topology_skips_isa_and_torch(machines):
 
     topo = read_topology(sysfs_root=machines["two_socket"], library_dirs=[], numactl=None)
     assert not topo.isa_known and len(topo.cores) == 8
-    code = "import sys, corecpu.cpu.topology as t, corecpu.cpu.plan, corecpu.bind; t.read_topology(); print('torch' in sys.modules)"
+    code = "import sys, corecpu.cpu.topology as t, corecpu.cpu.placement, corecpu.bind; t.read_topology(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -344,7 +344,7 @@ def test_pod_cpu_limit_is_the_budget(machines, tmp_path):
     """A pod with `resources.limits.cpu: 4` on a 16-CPU node (CPU manager policy `none`): the
     container sees every CPU, and the kubelet writes the limit to cpu.max as 400000 100000."""
     from corecpu.cluster.launchers import LaunchInfo
-    from corecpu.cpu.plan import PlanRequest, make_plan
+    from corecpu.cpu.placement import PlanRequest, make_plan
     from corecpu.cpu.threads import decide_threads, thread_budget
 
     root, proc = make_cgroup(tmp_path, None)

@@ -1,6 +1,6 @@
 """One local rank's share of a node plan: its compute CPUs, NUMA node(s), threads and helpers' CPUs.
 
-Its own module so that both the planner (corecpu.cpu.plan) and the rule for the rank's busy threads
+Its own module so that both the planner (corecpu.cpu.placement) and the rule for the rank's busy threads
 (corecpu.cpu.busy_threads, which the planner calls) can name it without importing each other.
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from corecpu.errors import CoreCPUError
-from corecpu.cpu.plan import Plan, PlanRequest, make_plan
+from corecpu.cpu.placement import Plan, PlanRequest, make_plan
 from corecpu.cpu.cpulist import parse_cpu_list
 from corecpu.cpu.topology import Libraries, Topology, detect_topology
 

@@ -1,4 +1,4 @@
-"""Which CPUs each local rank computes on, and the environment that makes it so.
+"""Placement: which CPUs each local rank of a node computes on, and the environment that makes it so.
 
 `make_plan(topology, request)` is pure: same inputs, same plan, no I/O. The rules:
 a rank keeps to one NUMA node whenever the numbers allow, ranks never share a
@@ -17,9 +17,9 @@ from typing import Literal, Mapping
 from corecpu.errors import CoreCPUError
 from corecpu import envvars
 from corecpu.cpu import busy_threads
-from corecpu.cpu.ccl_plan import ccl_environment
+from corecpu.cpu.ccl_workers import ccl_environment
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
-from corecpu.cpu.rank_plan import RankPlan
+from corecpu.cpu.rank_placement import RankPlan
 from corecpu.cpu.topology import Topology
 
 KMP_AFFINITY = "granularity=fine,compact,1,0"

@@ -1,7 +1,7 @@
 """The oneCCL part of a node's plan: where its worker threads run, or that none runs, and its transport.
 
 Pure. oneCCL progresses collectives in worker threads that poll; `CCL_WORKER_AFFINITY` lists one CPU per
-worker per local rank (rank 0's first). A rank with a core to spare gets a worker on it (plan.py reserves
+worker per local rank (rank 0's first). A rank with a core to spare gets a worker on it (placement.py reserves
 it); a rank without one runs its collectives in its own thread (`CCL_WORKER_OFFLOAD=0`), because a polling
 worker on the compute core starves the compute: issue 15 reports, from the 2-vCPU dev machine (2 ranks,
 torchrun), a 1 MB all-reduce in 36 ms with oneCCL's defaults and 0.36-0.41 ms with CCL_WORKER_OFFLOAD=0,
