@@ -17,8 +17,8 @@ inside DDP:
 
 Gradients travel as fp32: Intel MPI has no bf16 sum.
 
-    path, why = choose_allreduce(cfg.allreduce, ctx.info, os.environ, dtype=cfg.allreduce_dtype)
-    comm = make_gradient_allreduce(path, ctx.info, wire=cfg.allreduce_dtype); comm.register(ddp)  # comm.close() at the end
+    path, why = choose_allreduce(opts.allreduce, info, env, backend=pg.backend, dtype=opts.allreduce_dtype)
+    comm = make_gradient_allreduce(path, info, node, wire=opts.allreduce_dtype); comm.register(ddp)  # close() at the end
 
 Importing this module does not initialise MPI; the first MpiGradientAllreduce does.
 """

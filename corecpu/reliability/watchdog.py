@@ -23,7 +23,7 @@ store read is bounded, and a store that does not answer means rank 0 stopped.
 gloo's own collective timeout is lowered to just above the watchdog's, as a
 backstop (torchtitan does the same after its first step).
 
-    wd = Watchdog(ctx.store, rank, world, step_timeout_s=cfg.step_timeout).start()
+    wd = watch(pg.store, rank, world, step_timeout_s)  # a Watchdog, started (a no-op for one process)
     ...after each optimizer step:  wd.progress(step)
     with wd.paused(): evaluate() / save()      # phases with no step; may take long
     wd.stop()

@@ -12,7 +12,7 @@ works with `Trainer` works here:
 
 Usage (rank 0):
     names = parse_report_to(cfg.report_to)          # every rank, at set-up: bad names fail early
-    trackers = open_trackers(names, out, cfg.to_dict(), rank=ctx.rank)
+    trackers = open_trackers(names, out, cfg.to_dict(), env=os.environ, rank=run.rank)
     metrics = MetricsLog(out / "metrics.jsonl", resume_step, trackers=trackers)
 MetricsLog then forwards every record it writes to every tracker at the record's step.
 """
