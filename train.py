@@ -21,9 +21,9 @@ from transformers import get_linear_schedule_with_warmup
 import corecpu
 from corecpu.reporting.reporter import Reporter
 from corecpu.reporting.trackers import parse_report_to
-from corecpu.tasks.registry import make_task
+from corecpu.tasks.registry import make_task, parse_config
 from corecpu.training import outputs
-from corecpu.training.config import TrainConfig, parse_config
+from corecpu.training.config import TrainConfig
 from corecpu.training.output_lock import OutputLock
 from corecpu.training.modeling import check_inputs, load_tokenizer, optimizer_groups, weights_bytes
 
@@ -35,7 +35,7 @@ def main() -> None:
 
 
 def train(cfg: TrainConfig, run: corecpu.Run) -> None:
-    task = make_task(cfg)  # classification or qa: how data becomes features, the model class, what eval computes
+    task = make_task(cfg)  # the --task (tasks/registry.py): how data becomes features, the model class, what eval computes
     # -------------------------------------------------------------- data and model
     # Every rank validates its inputs; a bad file on one host stops every rank with its message.
     with run.agreeing():

@@ -1,6 +1,6 @@
 """What the baseline scripts (hf_trainer.py, plain_ddp.py) share: flags, data, tokenization, records.
 
-Defaults come from corecpu's TrainConfig, so a baseline trains with corecpu's lr,
+Defaults come from corecpu's own configuration (train.py with no flags), so a baseline trains with corecpu's lr,
 weight decay, warm-up, clipping, batch and sequence length unless told otherwise.
 """
 
@@ -12,11 +12,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from corecpu.training.config import TrainConfig
 from corecpu.data.sources import load_data
 from corecpu.data.types import ClassificationData
+from corecpu.tasks.registry import parse_config
 
-DEFAULTS = TrainConfig()
+DEFAULTS = parse_config([])  # train.py's defaults: classification, its max_seq_len resolved
 
 
 def parse_baseline_args(description: str, batch_help: str = "per rank") -> argparse.Namespace:

@@ -96,9 +96,9 @@ def holdout_split(n: int, fraction: float = 0.1, seed: int = 0) -> tuple[list[in
 def _non_default(cfg: BenchConfig) -> list[str]:
     """train.py flags for the held-equal settings that differ from corecpu's own defaults:
     corecpu runs with its defaults, so equal values are not passed at all."""
-    from corecpu.training.config import TrainConfig
+    from corecpu.tasks.registry import parse_config
 
-    d = TrainConfig()
+    d = parse_config([])  # train.py's defaults (classification)
     args: list[str] = []
     for flag, value, default in (("--batch-size", cfg.batch_size, d.batch_size),
                                  ("--max-seq-len", cfg.max_seq_len, d.max_seq_len), ("--seed", cfg.seed, d.seed)):

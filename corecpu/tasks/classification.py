@@ -17,15 +17,33 @@ from torch.utils.data import DataLoader
 
 from corecpu import envvars
 from corecpu.data.columns import Column
+from corecpu.data.files import FORMAT_CHOICES
 from corecpu.data.sources import auto_eval_data, load_data
 from corecpu.data.tokencache import tokenize_cached
 from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
 from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 from corecpu.reporting.model_card import write_model_card
-from corecpu.training.config import TrainConfig
+from corecpu.training.config import TaskOptions, TrainConfig
 from corecpu.training.modeling import load_model
+from corecpu.training.options import opt
 from corecpu.training.run import Run
+
+
+@dataclass(frozen=True)
+class ClassificationOptions(TaskOptions):
+    """`cfg.task_options` of --task classification: how to read the columns of a data file."""
+
+    summary = "sequence classification, e.g. MRPC"
+    default_data = "builtin"
+    default_max_seq_len = 128
+
+    data_format: str = opt("auto", "format of --data/--eval-data files; auto: from the extension",
+                           choices=FORMAT_CHOICES)
+    header: bool = opt(True, "TSV/CSV files start with a header line (--no-header: pick columns by index)")
+    text_column: str = opt("", "column (name or 0-based index) holding the text; inferred when empty", metavar="COL")
+    text_pair_column: str = opt("", "column holding the second sentence of a pair, if any", metavar="COL")
+    label_column: str = opt("", "column holding the label; inferred when empty", metavar="COL")
 
 
 @dataclass
@@ -39,18 +57,24 @@ class TaskData:
 
 
 class Classification:
+    """--task classification; the contract it keeps is corecpu.tasks.contract.Task."""
+
     name = "classification"
+    Options = ClassificationOptions
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
+        self.options: ClassificationOptions = cfg.task_options  # type: ignore[assignment]  (make_task checks it)
 
     def load(self) -> TaskData:
         """The training examples and, unless --eval-data is none, the held-out ones (same label ids)."""
         cfg = self.cfg
         if cfg.data == "qa" or cfg.eval_data == "qa":
             raise CoreCPUError("'qa' is the built-in question-answering set; pass --task qa to train on it")
-        columns: dict[str, Any] = {k: _column(getattr(cfg, k)) for k in ("text_column", "text_pair_column", "label_column")}
-        columns.update(fmt=None if cfg.data_format == "auto" else cfg.data_format, has_header=cfg.header)
+        opts = self.options
+        columns: dict[str, Any] = {k: _column(getattr(opts, k))
+                                   for k in ("text_column", "text_pair_column", "label_column")}
+        columns.update(fmt=None if opts.data_format == "auto" else opts.data_format, has_header=opts.header)
         train = load_data(cfg.data, split="train", **columns)
         spec = cfg.eval_data if cfg.eval_data != "auto" else auto_eval_data(cfg.data)
         held = None if spec == "none" else load_data(spec, split="eval", label_names=train.label_names, **columns)

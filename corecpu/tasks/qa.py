@@ -34,12 +34,45 @@ from corecpu.reporting.model_card import QA_CARD, write_model_card
 from corecpu.tasks.qa_features import QAFeatures, check_fast_tokenizer, eval_features, select, train_features
 from corecpu.tasks.qa_metrics import squad_scores, write_predictions
 from corecpu.tasks.qa_postprocess import postprocess
-from corecpu.training.config import TrainConfig
+from corecpu.training.config import TaskOptions, TrainConfig, flag
 from corecpu.training.modeling import load_qa_model
+from corecpu.training.options import opt
 from corecpu.training.run import Run
 
 BUILTIN = "qa"  # --data qa: the generated set (corecpu.data.builtin_qa)
 COLUMN_NAMES = ("id_column", "question_column", "context_column", "answers_column")
+
+
+@dataclass(frozen=True)
+class QAOptions(TaskOptions):
+    """`cfg.task_options` of --task qa: SQuAD's version, the windows, picking the span, flat data's columns."""
+
+    summary = "extractive question answering, SQuAD as run_qa.py trains it"
+    default_data = BUILTIN
+    default_max_seq_len = 384  # windows of 384 tokens with a 128-token stride, as run_qa.py trains SQuAD
+
+    version_2_with_negative: bool = opt(False, "SQuAD v2.0: questions without an answer are expected (trained to "
+                                        "the CLS token, scored as v2.0); without it an empty answer is an error")
+    doc_stride: int = opt(128, "tokens of overlap between the windows of a context longer than --max-seq-len")
+    n_best_size: int = opt(20, "start and end candidates per window when picking the answer span")
+    max_answer_length: int = opt(30, "longest answer span considered, in tokens")
+    null_score_diff_threshold: float = opt(0.0, "v2.0: answer \"\" when the no-answer score beats the best span "
+                                           "by more than this")
+    id_column: str = opt("id", "flat QA data: the column holding the question id", metavar="COL")
+    question_column: str = opt("question", "flat QA data: the column holding the question", metavar="COL")
+    context_column: str = opt("context", "flat QA data: the column holding the context", metavar="COL")
+    answers_column: str = opt("answers", "flat QA data: the column holding {text: [...], answer_start: [...]}",
+                              metavar="COL")
+
+    def validate(self, cfg: TrainConfig) -> None:
+        for name in ("n_best_size", "max_answer_length"):
+            if getattr(self, name) < 1:
+                raise CoreCPUError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.doc_stride < 0:
+            raise CoreCPUError(f"--doc-stride must not be negative, got {self.doc_stride}")
+        if self.doc_stride >= cfg.max_seq_len:
+            raise CoreCPUError(f"--doc-stride {self.doc_stride} must be below --max-seq-len {cfg.max_seq_len} "
+                               "(windows overlap by the stride); use e.g. --doc-stride 128 with 384")
 
 
 @dataclass
@@ -78,10 +111,14 @@ class QAFeatureDataset(Dataset):
 
 
 class QuestionAnswering:
+    """--task qa; the contract it keeps is corecpu.tasks.contract.Task."""
+
     name = "qa"
+    Options = QAOptions
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
+        self.options: QAOptions = cfg.task_options  # type: ignore[assignment]  (make_task checks it)
 
     # ------------------------------------------------------------ data and model
     def load(self) -> QATaskData:
@@ -94,21 +131,20 @@ class QuestionAnswering:
         held = None if spec == "none" else self._load(spec, "eval")
         notes = []
         impossible = sum(ex.is_impossible for ex in train.examples)
-        if cfg.version_2_with_negative and not impossible:
+        if self.options.version_2_with_negative and not impossible:
             notes.append("--version-2-with-negative is set and no training question is unanswerable; the data "
                          "looks like SQuAD v1.1, so scores follow v2.0's rules without any NoAns questions")
         return QATaskData(train, held, notes)
 
     def _load(self, spec: str, split: str) -> QAData:
-        cfg = self.cfg
+        opts, defaults = self.options, QAOptions.__dataclass_fields__
         if spec == BUILTIN:
-            return builtin_qa_dataset(split, seed=0, with_impossible=cfg.version_2_with_negative)
+            return builtin_qa_dataset(split, seed=0, with_impossible=opts.version_2_with_negative)
         if spec in CLASSIFICATION_SETS:
             raise CoreCPUError(f"--data {spec} is a built-in classification set; for --task qa pass --data {BUILTIN} "
                                "(the built-in QA set), a SQuAD .json or flat QA rows")
-        defaults = TrainConfig.__dataclass_fields__
-        columns = {k: getattr(cfg, k) for k in COLUMN_NAMES if getattr(cfg, k) != defaults[k].default}
-        return load_qa(spec, split=split, allow_impossible=cfg.version_2_with_negative, **columns)
+        columns = {k: getattr(opts, k) for k in COLUMN_NAMES if getattr(opts, k) != defaults[k].default}
+        return load_qa(spec, split=split, allow_impossible=opts.version_2_with_negative, **columns)
 
     def model(self, data: QATaskData) -> tuple[torch.nn.Module, str]:
         return load_qa_model(self.cfg.model, self.cfg.seed)
@@ -120,7 +156,7 @@ class QuestionAnswering:
         held = f"{len(data.eval)} eval questions" if data.eval else "no evaluation"
         v2 = sum(ex.is_impossible for ex in data.train.examples)
         return (f"{len(data.train)} train questions ({data.train.source}{f', {v2} unanswerable' if v2 else ''}) / "
-                f"{held}; windows of {self.cfg.max_seq_len} tokens, stride {self.cfg.doc_stride}")
+                f"{held}; windows of {self.cfg.max_seq_len} tokens, stride {self.options.doc_stride}")
 
     def features(self, data: QATaskData, tokenizer: Any,
                  run: Run) -> tuple[QAFeatureDataset, QAFeatureDataset | None]:
@@ -136,9 +172,9 @@ class QuestionAnswering:
         cfg = self.cfg
         build = train_features if train else eval_features
         key = (f"{FORMAT_VERSION}|qa-{'train' if train else 'eval'}|{examples_fingerprint(examples)}|"
-               f"{tokenizer_fingerprint(tokenizer)}|{cfg.max_seq_len}|{cfg.doc_stride}")
+               f"{tokenizer_fingerprint(tokenizer)}|{cfg.max_seq_len}|{self.options.doc_stride}")
         path = envvars.cache_dir() / "tokenized" / f"qa-{hashlib.blake2b(key.encode(), digest_size=12).hexdigest()}.pt"
-        return cached_per_host(path, lambda: build(examples, tokenizer, cfg.max_seq_len, cfg.doc_stride),
+        return cached_per_host(path, lambda: build(examples, tokenizer, cfg.max_seq_len, self.options.doc_stride),
                                features_state, features_from_state, run.local_rank)
 
     def collate(self, tokenizer: Any):  # noqa: ANN201 - a collate function
@@ -149,7 +185,7 @@ class QuestionAnswering:
         """EM and F1 over every eval question: each rank its windows, then all logits, then a share of the questions."""
         ds: QAFeatureDataset = loader.dataset  # type: ignore[assignment]
         assert ds.examples is not None, "evaluate() needs the eval dataset from features()"
-        cfg = self.cfg
+        cfg, opts = self.cfg, self.options
         with run.evaluating(model):  # the collectives too: a rank that stops there is named as in evaluation
             mine = []
             for batch in loader:
@@ -166,9 +202,9 @@ class QuestionAnswering:
             wanted = {ex.id for ex in share}
             rows = [i for i, qid in enumerate(ds.features.example_ids) if qid in wanted]
             part = postprocess(share, select(ds.features, rows), [starts[i] for i in rows], [ends[i] for i in rows],
-                               allow_impossible=cfg.version_2_with_negative, n_best_size=cfg.n_best_size,
-                               max_answer_length=cfg.max_answer_length,
-                               null_score_diff_threshold=cfg.null_score_diff_threshold) if share else None
+                               allow_impossible=opts.version_2_with_negative, n_best_size=opts.n_best_size,
+                               max_answer_length=opts.max_answer_length,
+                               null_score_diff_threshold=opts.null_score_diff_threshold) if share else None
             parts = run.gather(None if part is None else (part.predictions, part.null_odds))
         predictions: dict[str, str] = {}
         null_odds: dict[str, float] = {}
@@ -179,9 +215,9 @@ class QuestionAnswering:
         order = [ex.id for ex in ds.examples if ex.id in predictions]  # the files list questions as the data does
         predictions = {qid: predictions[qid] for qid in order}
         null_odds = {qid: null_odds[qid] for qid in order}
-        scores = squad_scores(gold_answers(ds.examples), predictions, version_2=cfg.version_2_with_negative)
+        scores = squad_scores(gold_answers(ds.examples), predictions, version_2=opts.version_2_with_negative)
         if run.is_main:
-            write_predictions(cfg.output_dir, predictions, null_odds if cfg.version_2_with_negative else None)
+            write_predictions(cfg.output_dir, predictions, null_odds if opts.version_2_with_negative else None)
         return score_keys(scores, len(ds.examples))
 
     def eval_line(self, step: int, scores: Mapping[str, float]) -> str:

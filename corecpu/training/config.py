@@ -1,8 +1,15 @@
-"""Training configuration: one dataclass of defaults, one help string per field.
+"""Training configuration: the settings every task shares, and the command line built from them.
 
-The command line is generated from the dataclass, so a flag cannot exist
-without a default and a help text, and `validate()` checks the combination
-once, at the edge, before any process group or model exists.
+One dataclass of defaults with one help string per field (`TrainConfig`), the run options nested
+as `cfg.run` (corecpu.training.options), and the chosen task's own options nested as
+`cfg.task_options`: a small `TaskOptions` dataclass that each task defines in its own module
+(corecpu.tasks.qa.QAOptions, ...). This module knows no task by name: the registry
+(corecpu.tasks.registry) passes the sections down, `{task name: its TaskOptions class}`.
+
+The command line and config.json stay flat (`--doc-stride`, "doc_stride"). `parse_config` puts
+each value where it belongs; a flag of another task's section has no place in this run's
+configuration and is refused in one line. `validate()` checks the combination once, at the
+edge, before any process group or model exists.
 """
 
 from __future__ import annotations
@@ -11,25 +18,41 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
-from corecpu.data.files import FORMAT_CHOICES
 from corecpu.errors import CoreCPUError
 from corecpu.training.config_file import read_config_file
 from corecpu.training.options import RunOptions, opt
 
+Sections = Mapping[str, "type[TaskOptions]"]  # --task name -> its options class, from corecpu.tasks.registry
 
-# The jobs train.py knows (corecpu.tasks.TASKS maps each to its module) and what a task changes in
-# the defaults: QA windows are 384 tokens with a 128-token stride, as run_qa.py trains SQuAD.
-TASK_NAMES = ("classification", "qa")
-DEFAULT_MAX_SEQ_LEN = {"classification": 128, "qa": 384}
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field: doc_stride -> --doc-stride."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """A task's own options, nested in TrainConfig as `cfg.task_options`: subclass it with opt() fields.
+
+    Each field is a flag and a config.json key exactly as a shared setting is (doc_stride is
+    --doc-stride); the class variables say what the task is and what it changes in the shared defaults.
+    """
+
+    summary: ClassVar[str] = ""  # what --task NAME trains, one phrase for --help
+    default_data: ClassVar[str] = "builtin"  # --data when none is given
+    default_max_seq_len: ClassVar[int] = 128  # --max-seq-len when 0
+
+    def validate(self, cfg: TrainConfig) -> None:
+        """Raise one CoreCPUError line naming the flag for the first bad option; cfg holds the shared settings.
+        Choices and finiteness are checked for every section already."""
 
 
 @dataclass
 class TrainConfig:
     # -- what to train on
-    task: str = opt("classification", "what to train: classification (sequence classification, e.g. MRPC) or qa "
-                     "(extractive question answering, SQuAD as run_qa.py trains it)", choices=TASK_NAMES)
+    task: str = opt("classification", "what to train")  # the choices and their help: the sections passed in
     model: str = opt("default", "local Hugging Face model directory, 'default' (all-MiniLM-L6-v2, shipped "
                       "offline) or 'tiny' (small random BERT for tests)", metavar="PATH")
     data: str = opt("", "training data: a .tsv/.csv/.jsonl file, a Parquet/Arrow file or save_to_disk directory, "
@@ -39,31 +62,14 @@ class TrainConfig:
                      "flat rows (id, question, context, answers)", metavar="PATH")
     eval_data: str = opt("auto", "evaluation data: a file, 'none' to skip evaluation, or 'auto' (the held-out split "
                           "of a built-in --data; none for a file)", metavar="PATH")
-    data_format: str = opt("auto", "format of --data/--eval-data files; auto: from the extension",
-                            choices=FORMAT_CHOICES)
-    header: bool = opt(True, "TSV/CSV files start with a header line (--no-header: pick columns by index)")
-    text_column: str = opt("", "column (name or 0-based index) holding the text; inferred when empty", metavar="COL")
-    text_pair_column: str = opt("", "column holding the second sentence of a pair, if any", metavar="COL")
-    label_column: str = opt("", "column holding the label; inferred when empty", metavar="COL")
-    max_seq_len: int = opt(0, "truncate inputs to this many tokens (batches pad to their longest input); 0: the "
-                            "task's default, 128 for classification, 384 for qa (longer contexts become windows)")
+    max_seq_len: int = opt(0, "truncate inputs to this many tokens (batches pad to their longest input; longer "
+                            "QA contexts become windows); 0: the task's default")
     group_by_length: bool = opt(True, "batch examples of similar length together (less padding; DDP-aware, "
                                  "deterministic from --seed)")
     pad_to_multiple_of: int = opt(0, "pad each batch's length up to a multiple of N (0: to its longest input); "
                                    "few distinct shapes help --compile")
-    # -- question answering (--task qa)
-    version_2_with_negative: bool = opt(False, "SQuAD v2.0: questions without an answer are expected (trained to "
-                                         "the CLS token, scored as v2.0); without it an empty answer is an error")
-    doc_stride: int = opt(128, "tokens of overlap between the windows of a context longer than --max-seq-len")
-    n_best_size: int = opt(20, "start and end candidates per window when picking the answer span")
-    max_answer_length: int = opt(30, "longest answer span considered, in tokens")
-    null_score_diff_threshold: float = opt(0.0, "v2.0: answer \"\" when the no-answer score beats the best span "
-                                            "by more than this")
-    id_column: str = opt("id", "flat QA data: the column holding the question id", metavar="COL")
-    question_column: str = opt("question", "flat QA data: the column holding the question", metavar="COL")
-    context_column: str = opt("context", "flat QA data: the column holding the context", metavar="COL")
-    answers_column: str = opt("answers", "flat QA data: the column holding {text: [...], answer_start: [...]}",
-                              metavar="COL")
+    # -- the chosen task's own options (flat on the command line and in config.json, like the run options)
+    task_options: TaskOptions | None = None
     # -- optimisation
     batch_size: int = opt(16, "examples per rank per micro-step (global batch = this x ranks x --grad-accum)")
     grad_accum: int = opt(1, "micro-steps per optimizer step; gradients sync only on the last one")
@@ -93,62 +99,49 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # The task's defaults, resolved at once so that config.json and checkpoints record real values.
-        if self.task in TASK_NAMES:
-            self.data = self.data or ("qa" if self.task == "qa" else "builtin")
-            self.max_seq_len = self.max_seq_len or DEFAULT_MAX_SEQ_LEN[self.task]
+        if self.task_options is not None:
+            self.data = self.data or self.task_options.default_data
+            self.max_seq_len = self.max_seq_len or self.task_options.default_max_seq_len
 
-    def validate(self) -> "TrainConfig":
-        if self.task not in TASK_NAMES:
-            raise CoreCPUError(f"--task {self.task!r} is not one of: {', '.join(TASK_NAMES)}")
-        positive = ("batch_size", "grad_accum", "epochs", "max_seq_len", "log_every", "keep_checkpoints",
-                    "n_best_size", "max_answer_length")
-        for name in positive:
+    def validate(self) -> TrainConfig:
+        if self.task_options is None:
+            raise CoreCPUError(f"--task {self.task}: the configuration has no options section for it; build it with "
+                               "corecpu.tasks.registry.parse_config")
+        for name in ("batch_size", "grad_accum", "epochs", "max_seq_len", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
-                raise CoreCPUError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "save_every", "max_grad_norm", "weight_decay", "pad_to_multiple_of", "doc_stride"):
+                raise CoreCPUError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_steps", "save_every", "max_grad_norm", "weight_decay", "pad_to_multiple_of"):
             if getattr(self, name) < 0:
-                raise CoreCPUError(f"--{name.replace('_', '-')} must not be negative, got {getattr(self, name)}")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):  # nan slips past every < and > check
-                raise CoreCPUError(f"--{f.name.replace('_', '-')} must be a finite number, got {value}")
+                raise CoreCPUError(f"{flag(name)} must not be negative, got {getattr(self, name)}")
+        for owner in (self, self.task_options):
+            for f in dataclasses.fields(owner):
+                value, choices = getattr(owner, f.name), f.metadata.get("choices")
+                if isinstance(value, float) and not math.isfinite(value):  # nan slips past every < and > check
+                    raise CoreCPUError(f"{flag(f.name)} must be a finite number, got {value}")
+                if choices and value not in choices:
+                    raise CoreCPUError(f"{flag(f.name)} {value!r} is not one of: {', '.join(choices)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise CoreCPUError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:
             raise CoreCPUError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.task == "qa" and self.doc_stride >= self.max_seq_len:
-            raise CoreCPUError(f"--doc-stride {self.doc_stride} must be below --max-seq-len {self.max_seq_len} "
-                               "(windows overlap by the stride); use e.g. --doc-stride 128 with 384")
-        self._check_task_flags()
-        for name in ("task", "progress", "data_format"):
-            choices = TrainConfig.__dataclass_fields__[name].metadata["choices"]
-            if getattr(self, name) not in choices:
-                raise CoreCPUError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of: {', '.join(choices)}")
+        self.task_options.validate(self)
         self.run.validate(flags=True)
         return self
 
-    def _check_task_flags(self) -> None:
-        """A flag of the other task is a mistake worth one line, not a silently ignored setting."""
-        qa_only = ("version_2_with_negative", "doc_stride", "n_best_size", "max_answer_length",
-                   "null_score_diff_threshold", "id_column", "question_column", "context_column", "answers_column")
-        classification_only = ("text_column", "text_pair_column", "label_column", "data_format", "header")
-        other = qa_only if self.task == "classification" else classification_only
-        defaults = TrainConfig.__dataclass_fields__
-        for name in other:
-            if getattr(self, name) != defaults[name].default:
-                flag = "--" + name.replace("_", "-")
-                raise CoreCPUError(f"{flag} applies to --task {'qa' if self.task == 'classification' else 'classification'}, "
-                                   f"not to --task {self.task}; drop it or pass the other --task")
-
     def to_dict(self) -> dict[str, Any]:
-        """Flat, as on the command line: what config.json and checkpoints record (and compare on resume)."""
-        return {f.name: getattr(self, f.name) for f in _flat_fields()}
+        """Flat, as on the command line: what config.json and checkpoints record (and compare on resume).
+        The run options and this task's options sit in the places of `run` and `task_options`."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("run", "task_options"):
+                out.update({g.name: getattr(value, g.name) for g in dataclasses.fields(value)} if value else {})
+            else:
+                out[f.name] = value
+        return out
 
-    def __getattr__(self, name: str) -> Any:
-        # cfg.precision, cfg.backend, ...: the nested run options read as flat, like their flags.
-        if name != "run" and name in RunOptions.__dataclass_fields__:
-            return getattr(self.run, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+# ---------------------------------------------------------------- the command line
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -156,38 +149,94 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         raise CoreCPUError(f"{message}; see --help")
 
 
-def _flat_fields() -> list[dataclasses.Field]:
-    """TrainConfig's fields with the run options in the place of `run`: the flags, in --help order."""
+def _shared_fields() -> list[dataclasses.Field]:
+    """TrainConfig's fields with the run options in the place of `run`: the shared flags, in --help order."""
     out: list[dataclasses.Field] = []
     for f in dataclasses.fields(TrainConfig):
-        out += list(dataclasses.fields(RunOptions)) if f.name == "run" else [f]
+        if f.name != "task_options":
+            out += list(dataclasses.fields(RunOptions)) if f.name == "run" else [f]
     return out
 
 
-def build_parser(description: str = "") -> argparse.ArgumentParser:
+def _owners(sections: Sections) -> dict[str, list[str]]:
+    """{option: the tasks whose section has it}; two tasks may share a flag (each with its own default)."""
+    owners: dict[str, list[str]] = {}
+    for task, section in sections.items():
+        for f in dataclasses.fields(section):
+            owners.setdefault(f.name, []).append(task)
+    return owners
+
+
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else f.type.__name__
+
+
+def _add(parser: argparse.ArgumentParser | argparse._ArgumentGroup, f: dataclasses.Field, **override: Any) -> None:
+    meta = {"choices": f.metadata["choices"], "metavar": f.metadata["metavar"], "help": f.metadata["help"],
+            "default": f.default, **override}
+    if _kind(f) == "bool":
+        parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, default=meta["default"],
+                            help=meta["help"])
+        return
+    parser.add_argument(flag(f.name), type={"int": int, "float": float, "str": str}[_kind(f)], **meta)
+
+
+def build_parser(sections: Sections, description: str = "") -> argparse.ArgumentParser:
+    """The flags: the shared ones, then one group per task. A task's flags default to "not given"
+    (argparse.SUPPRESS), so that parse_config can tell a flag of another task from its default."""
     parser = _OneLineErrorParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in _flat_fields():
-        flag = "--" + f.name.replace("_", "-")
-        meta = f.metadata
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
-            continue
-        kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-        parser.add_argument(flag, type=kind, default=f.default, help=meta["help"], choices=meta["choices"],
-                            metavar=meta["metavar"])
+    tasks = list(sections)
+    each = [f"{name} ({s.summary})" for name, s in sections.items()]
+    what = (", ".join(each[:-1]) + " or " if len(each) > 1 else "") + each[-1]
+    defaults = ", ".join(f"{name} {s.default_max_seq_len}" for name, s in sections.items())
+    for f in _shared_fields():
+        if f.name == "task":
+            _add(parser, f, choices=tuple(tasks), help=f"what to train: {what}")
+        elif f.name == "max_seq_len":
+            _add(parser, f, help=f"{f.metadata['help']} ({defaults})")
+        else:
+            _add(parser, f)
+    added: set[str] = set()
+    for task, section in sections.items():
+        group = parser.add_argument_group(f"--task {task} ({section.summary})")
+        for f in dataclasses.fields(section):
+            if f.name not in added:  # a flag two tasks share is listed once, with the first one's help
+                added.add(f.name)
+                _add(group, f, default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {f.default})")
     return parser
 
 
-def parse_config(argv: list[str] | None = None, description: str = "") -> TrainConfig:
-    parser = build_parser(description)
+def parse_config(argv: list[str] | None, sections: Sections, description: str = "") -> TrainConfig:
+    """The validated TrainConfig of a command line (and its --config file), with --task's section nested."""
+    parser = build_parser(sections, description)
     parser.add_argument("--config", metavar="FILE", default=None,
                         help="YAML or JSON file of flag values (keys as the flags, e.g. batch_size: 8); flags given "
                         "here override it; a run's config.json reads back")
+    owners = _owners(sections)
     args = vars(parser.parse_args(argv))
     if args["config"]:  # the file sets defaults, so the command line still wins
-        fields = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in _flat_fields()}
-        parser.set_defaults(**read_config_file(args["config"], fields))
+        kinds = {f.name: _kind(f) for f in _shared_fields()}
+        kinds.update({f.name: _kind(f) for s in sections.values() for f in dataclasses.fields(s)})
+        values = read_config_file(args["config"], kinds)
+        # A task option at its default is no setting: config.json files before the sections recorded
+        # every task's options, and they still read for either task.
+        parser.set_defaults(**{k: v for k, v in values.items()
+                               if not (k in owners and all(v == _default(sections[t], k) for t in owners[k]))})
         args = vars(parser.parse_args(argv))
     args.pop("config")
+    task = args.pop("task")
+    if task not in sections:  # from a config file: argparse checks only the command line's choices
+        raise CoreCPUError(f"--task {task!r} is not one of: {', '.join(sections)}")
+    own = {f.name for f in dataclasses.fields(sections[task])}
+    for name in args:
+        if name in owners and name not in own:
+            where = " or ".join(f"--task {t}" for t in owners[name])
+            raise CoreCPUError(f"{flag(name)} applies to {where}, not to --task {task}; drop it or pass the other "
+                               "--task")
+    options = sections[task](**{k: args.pop(k) for k in own if k in args})
     run = RunOptions(**{f.name: args.pop(f.name) for f in dataclasses.fields(RunOptions)})
-    return TrainConfig(**args, run=run).validate()
+    return TrainConfig(task=task, **args, run=run, task_options=options).validate()
+
+
+def _default(section: type[TaskOptions], name: str) -> Any:
+    return section.__dataclass_fields__[name].default

@@ -8,8 +8,7 @@ import corecpu  # noqa: I001  (first: records the launcher's CPUs)
 import torch
 
 from corecpu.tasks.qa_features import eval_features
-from corecpu.tasks.registry import make_task
-from corecpu.training.config import parse_config
+from corecpu.tasks.registry import make_task, parse_config
 from corecpu.training.modeling import load_tokenizer
 
 out_dir, result_path, *flags = sys.argv[1:]

@@ -1,5 +1,5 @@
 """Tier 1: the QA task's pieces that run without processes: configuration, the feature cache's
-round trip, items and batches, gathering logits in feature order, score keys, the registry."""
+round trip, items and batches, gathering logits in feature order, score keys."""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import torch
 from corecpu.data.builtin_qa import builtin_qa_dataset
 from corecpu.data.qa import QAExample
 from corecpu.errors import CoreCPUError
-from corecpu.tasks.classification import Classification
 from corecpu.tasks.qa import (
     QAFeatureDataset,
-    QuestionAnswering,
+    QAOptions,
     examples_fingerprint,
     features_from_state,
     features_state,
@@ -21,8 +20,7 @@ from corecpu.tasks.qa import (
     score_keys,
 )
 from corecpu.tasks.qa_features import eval_features, select, train_features
-from corecpu.tasks.registry import TASKS, make_task
-from corecpu.training.config import TASK_NAMES, TrainConfig, parse_config
+from corecpu.tasks.registry import make_task, parse_config
 from corecpu.training.modeling import load_tokenizer
 
 
@@ -40,15 +38,19 @@ def examples():
 
 def test_task_defaults_follow_the_task():
     qa = parse_config(["--task", "qa"])
-    assert (qa.data, qa.max_seq_len, qa.doc_stride, qa.n_best_size, qa.max_answer_length) == ("qa", 384, 128, 20, 30)
+    opts = qa.task_options
+    assert isinstance(opts, QAOptions)
+    assert (qa.data, qa.max_seq_len) == ("qa", 384)
+    assert (opts.doc_stride, opts.n_best_size, opts.max_answer_length) == (128, 20, 30)
     plain = parse_config([])
     assert (plain.task, plain.data, plain.max_seq_len) == ("classification", "builtin", 128)
     assert parse_config(["--task", "qa", "--max-seq-len", "256", "--doc-stride", "64"]).max_seq_len == 256
-    assert parse_config([]) == TrainConfig()
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--task", "classification", "--doc-stride", "64"], "--doc-stride applies to --task qa"),
+    (["--task", "classification", "--doc-stride", "64"], "--doc-stride applies to --task qa, not to --task "
+     "classification; drop it or pass the other --task"),
+    (["--doc-stride", "128"], "--doc-stride applies to --task qa"),  # given is given, even at qa's default
     (["--version-2-with-negative"], "--version-2-with-negative applies to --task qa"),
     (["--task", "qa", "--label-column", "y"], "--label-column applies to --task classification"),
     (["--task", "qa", "--no-header"], "--header applies to --task classification"),
@@ -60,12 +62,6 @@ def test_task_defaults_follow_the_task():
 def test_bad_task_flags_are_one_line_errors(argv, fragment):
     with pytest.raises(CoreCPUError, match=fragment.replace("-", r"\-").replace("(", r"\(")):
         parse_config(argv)
-
-
-def test_registry_names_every_task():
-    assert tuple(TASKS) == TASK_NAMES
-    assert isinstance(make_task(parse_config(["--task", "qa"])), QuestionAnswering)
-    assert isinstance(make_task(parse_config([])), Classification)
 
 
 def test_data_sets_of_the_other_task_are_refused():

@@ -13,7 +13,7 @@ import torch
 import corecpu
 from corecpu.errors import CoreCPUError
 from corecpu.reporting.reporter import Reporter
-from corecpu.training.config import parse_config
+from corecpu.tasks.registry import parse_config
 from corecpu.training.schedule import Schedule
 
 
