@@ -63,7 +63,7 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr, fused=not run.uses_ipex)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * steps.total), steps.total)
     ckpt = corecpu.Checkpoints(cfg.output_dir, every=cfg.save_every, keep=cfg.keep_checkpoints, resume=cfg.resume,
-                               config={**cfg.to_dict(), **task.checkpoint_config(data)})
+                               config={**cfg.to_dict(), **task.checkpoint_config(data)}, compare=cfg.run_defining())
     # Precision on the loader's shapes, resume, IPEX, compile, DDP: wrap() owns that order.
     model, optimizer = run.wrap(model, optimizer, scheduler, loader=loader, checkpoint=ckpt)
 

@@ -41,9 +41,11 @@ class ClassificationOptions(TaskOptions):
     data_format: str = opt("auto", "format of --data/--eval-data files; auto: from the extension",
                            choices=FORMAT_CHOICES)
     header: bool = opt(True, "TSV/CSV files start with a header line (--no-header: pick columns by index)")
-    text_column: str = opt("", "column (name or 0-based index) holding the text; inferred when empty", metavar="COL")
-    text_pair_column: str = opt("", "column holding the second sentence of a pair, if any", metavar="COL")
-    label_column: str = opt("", "column holding the label; inferred when empty", metavar="COL")
+    text_column: str = opt("", "column (name or 0-based index) holding the text; inferred when empty", metavar="COL",
+                           defines_run=True)
+    text_pair_column: str = opt("", "column holding the second sentence of a pair, if any", metavar="COL",
+                                defines_run=True)
+    label_column: str = opt("", "column holding the label; inferred when empty", metavar="COL", defines_run=True)
 
 
 @dataclass

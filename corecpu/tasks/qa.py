@@ -52,17 +52,21 @@ class QAOptions(TaskOptions):
     default_max_seq_len = 384  # windows of 384 tokens with a 128-token stride, as run_qa.py trains SQuAD
 
     version_2_with_negative: bool = opt(False, "SQuAD v2.0: questions without an answer are expected (trained to "
-                                        "the CLS token, scored as v2.0); without it an empty answer is an error")
-    doc_stride: int = opt(128, "tokens of overlap between the windows of a context longer than --max-seq-len")
+                                        "the CLS token, scored as v2.0); without it an empty answer is an error",
+                                        defines_run=True)
+    doc_stride: int = opt(128, "tokens of overlap between the windows of a context longer than --max-seq-len",
+                          defines_run=True)
     n_best_size: int = opt(20, "start and end candidates per window when picking the answer span")
     max_answer_length: int = opt(30, "longest answer span considered, in tokens")
     null_score_diff_threshold: float = opt(0.0, "v2.0: answer \"\" when the no-answer score beats the best span "
                                            "by more than this")
-    id_column: str = opt("id", "flat QA data: the column holding the question id", metavar="COL")
-    question_column: str = opt("question", "flat QA data: the column holding the question", metavar="COL")
-    context_column: str = opt("context", "flat QA data: the column holding the context", metavar="COL")
+    id_column: str = opt("id", "flat QA data: the column holding the question id", metavar="COL", defines_run=True)
+    question_column: str = opt("question", "flat QA data: the column holding the question", metavar="COL",
+                               defines_run=True)
+    context_column: str = opt("context", "flat QA data: the column holding the context", metavar="COL",
+                              defines_run=True)
     answers_column: str = opt("answers", "flat QA data: the column holding {text: [...], answer_start: [...]}",
-                              metavar="COL")
+                              metavar="COL", defines_run=True)
 
     def validate(self, cfg: TrainConfig) -> None:
         for name in ("n_best_size", "max_answer_length"):
@@ -150,7 +154,7 @@ class QuestionAnswering:
         return load_qa_model(self.cfg.model, self.cfg.seed)
 
     def checkpoint_config(self, data: QATaskData) -> dict[str, Any]:
-        return {}  # the task and the settings that shape windows are in cfg.to_dict() (checkpoint.RUN_DEFINING)
+        return {}  # the settings that shape windows are in cfg.to_dict(), marked defines_run (compared on resume)
 
     def describe(self, data: QATaskData) -> str:
         held = f"{len(data.eval)} eval questions" if data.eval else "no evaluation"

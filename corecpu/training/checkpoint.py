@@ -22,7 +22,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -38,10 +38,11 @@ from corecpu.errors import CoreCPUError
 FORMAT = 2  # 1: no file digests, extra keys at the top level of meta.json
 
 # Settings that change the math of the run; anything else (logging, paths) may differ on resume.
+# The settings of a loop's `config` compared on resume when the caller names none (train.py names its own:
+# TrainConfig.run_defining(), from the fields marked where they are declared, task options included).
 RUN_DEFINING = ("task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay",
                 "warmup_ratio", "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision",
-                "text_column", "text_pair_column", "label_column", "version_2_with_negative", "doc_stride",
-                "id_column", "question_column", "context_column", "answers_column", "allreduce_dtype")
+                "allreduce_dtype")
 # What "auto" settings resolved to on the host that saved (config["resolved"]); may differ on another host.
 RESOLVED = ("precision", "backend", "allreduce", "threads")
 
@@ -185,9 +186,9 @@ def _broadcast(obj: Any) -> Any:
 # ---------------------------------------------------------------- resume
 
 
-def config_changes(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
-    """'name: saved -> now' for each run-defining setting, and each resolved choice, that differs."""
-    changes = [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in RUN_DEFINING
+def config_changes(saved: dict[str, Any], config: dict[str, Any], compare: Sequence[str] = RUN_DEFINING) -> list[str]:
+    """'name: saved -> now' for each run-defining setting (`compare`), and each resolved choice, that differs."""
+    changes = [f"{k}: {saved[k]!r} -> {config[k]!r}" for k in compare
                if k in saved and k in config and saved[k] != config[k]]
     was, now = saved.get("resolved") or {}, config.get("resolved") or {}
     changes += [f"{k} resolved to {was[k]!r} when saved, {now[k]!r} here" for k in RESOLVED
@@ -247,8 +248,10 @@ def resume(
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any = None,
     config: dict[str, Any] | None = None,
+    compare: Sequence[str] = RUN_DEFINING,
 ) -> LoopState | None:
     """Restore model, optimizer, scheduler and this rank's RNG in place; None means a fresh start.
+    `compare`: the settings of `config` whose change since the checkpoint the notes name.
 
     `which`: "" (fresh start), "auto" (the newest checkpoint under output_dir that verifies; a
     fresh start if there is none yet) or a checkpoint directory. Collective when torch.distributed
@@ -290,7 +293,7 @@ def resume(
     if moved:
         where = approximate_position(saved_config, saved_world, config, world, loop.batches_in_epoch)
         loop.notes.append(f"resuming approximately ({moved}): {where}")
-    changes = config_changes(saved_config, config)
+    changes = config_changes(saved_config, config, compare)
     if changes:
         loop.notes.append(f"resuming with changed settings: {'; '.join(changes)}")
     return loop

@@ -19,7 +19,7 @@ import json
 import os
 import contextlib
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import torch
 
@@ -46,16 +46,16 @@ def _not_paused(phase: str, kind: str = "other") -> ContextManager[None]:
 
 class Checkpoints:
     def __init__(self, output_dir: str | Path, *, every: int = 0, keep: int = 2, resume: str = "auto",
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, compare: Sequence[str] = checkpoint.RUN_DEFINING) -> None:
         """`every`: save every N optimizer steps (0: only the last step, and on a stop signal).
         `resume`: "auto" (the newest checkpoint that verifies, if any), "" (start fresh) or a step-* directory.
         `config`: JSON-serialisable settings stored with each checkpoint; run-defining ones (corecpu.training.
-        checkpoint.RUN_DEFINING) and `label_names` are compared on resume."""
+        checkpoint.RUN_DEFINING, or the names in `compare`) and `label_names` are compared on resume."""
         if every < 0 or keep < 1:
             raise CoreCPUError(f"checkpoints every {every} steps keeping {keep}: use every >= 0 "
                                           "and keep >= 1")
         self.output_dir, self.every, self.keep, self.resume_from = Path(output_dir), every, keep, resume
-        self.config = dict(config or {})
+        self.config, self.compare = dict(config or {}), tuple(compare)
         self.resumed: LoopState | None = None
         self.notes: list[str] = []  # checkpoints skipped on resume, changed settings, outputs moved aside
         self._untimed: Callable[[str, str], ContextManager[None]] = _not_paused
@@ -72,7 +72,7 @@ class Checkpoints:
         self._untimed, self._restored = untimed, True
         self.config["resolved"] = resolved
         self.resumed = checkpoint.resume(self.output_dir, self.resume_from, model=model, optimizer=optimizer,
-                                         scheduler=scheduler, config=self.config)
+                                         scheduler=scheduler, config=self.config, compare=self.compare)
         self.notes = list(self.resumed.notes) if self.resumed else []
         if is_main and (moved := outputs.set_aside_earlier_run(self.output_dir, resuming=self.resumed is not None)):
             self.notes.append(moved)

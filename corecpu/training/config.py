@@ -52,18 +52,19 @@ class TaskOptions:
 @dataclass
 class TrainConfig:
     # -- what to train on
-    task: str = opt("classification", "what to train")  # the choices and their help: the sections passed in
+    task: str = opt("classification", "what to train",
+                    defines_run=True)  # the choices and their help: the sections passed in
     model: str = opt("default", "local Hugging Face model directory, 'default' (all-MiniLM-L6-v2, shipped "
-                      "offline) or 'tiny' (small random BERT for tests)", metavar="PATH")
+                      "offline) or 'tiny' (small random BERT for tests)", metavar="PATH", defines_run=True)
     data: str = opt("", "training data: a .tsv/.csv/.jsonl file, a Parquet/Arrow file or save_to_disk directory, "
                      "or a built-in set: 'builtin' (generated sentiment, ~15 tokens; the classification default), "
                      "'paraphrase' (sentence pairs, ~50 tokens, for benchmarks) or 'qa' (generated SQuAD-style "
                      "questions, ~300-token contexts; the qa default). For --task qa: a SQuAD .json (v1.1/v2.0) or "
-                     "flat rows (id, question, context, answers)", metavar="PATH")
+                     "flat rows (id, question, context, answers)", metavar="PATH", defines_run=True)
     eval_data: str = opt("auto", "evaluation data: a file, 'none' to skip evaluation, or 'auto' (the held-out split "
-                          "of a built-in --data; none for a file)", metavar="PATH")
+                          "of a built-in --data; none for a file)", metavar="PATH", defines_run=True)
     max_seq_len: int = opt(0, "truncate inputs to this many tokens (batches pad to their longest input; longer "
-                            "QA contexts become windows); 0: the task's default")
+                            "QA contexts become windows); 0: the task's default", defines_run=True)
     group_by_length: bool = opt(True, "batch examples of similar length together (less padding; DDP-aware, "
                                  "deterministic from --seed)")
     pad_to_multiple_of: int = opt(0, "pad each batch's length up to a multiple of N (0: to its longest input); "
@@ -71,15 +72,17 @@ class TrainConfig:
     # -- the chosen task's own options (flat on the command line and in config.json, like the run options)
     task_options: TaskOptions | None = None
     # -- optimisation
-    batch_size: int = opt(16, "examples per rank per micro-step (global batch = this x ranks x --grad-accum)")
-    grad_accum: int = opt(1, "micro-steps per optimizer step; gradients sync only on the last one")
-    lr: float = opt(1e-4, "peak learning rate of AdamW")
-    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and LayerNorm)")
-    warmup_ratio: float = opt(0.1, "fraction of optimizer steps spent warming up linearly, then linear decay to 0")
-    max_grad_norm: float = opt(1.0, "clip the global gradient norm to this (0 disables clipping)")
-    epochs: int = opt(3, "passes over the training data")
-    max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)")
-    seed: int = opt(0, "base random seed; rank r uses seed + r where randomness must differ")
+    batch_size: int = opt(16, "examples per rank per micro-step (global batch = this x ranks x --grad-accum)",
+                          defines_run=True)
+    grad_accum: int = opt(1, "micro-steps per optimizer step; gradients sync only on the last one", defines_run=True)
+    lr: float = opt(1e-4, "peak learning rate of AdamW", defines_run=True)
+    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and LayerNorm)", defines_run=True)
+    warmup_ratio: float = opt(0.1, "fraction of optimizer steps spent warming up linearly, then linear decay to 0",
+                              defines_run=True)
+    max_grad_norm: float = opt(1.0, "clip the global gradient norm to this (0 disables clipping)", defines_run=True)
+    epochs: int = opt(3, "passes over the training data", defines_run=True)
+    max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)", defines_run=True)
+    seed: int = opt(0, "base random seed; rank r uses seed + r where randomness must differ", defines_run=True)
     # -- how to run: the options corecpu.setup() takes (flat on the command line and in config.json)
     run: RunOptions = field(default_factory=RunOptions)
     # -- output
@@ -127,6 +130,13 @@ class TrainConfig:
         self.task_options.validate(self)
         self.run.validate(flags=True)
         return self
+
+    def run_defining(self) -> tuple[str, ...]:
+        """The settings (flat names) whose change makes a resumed run another run: marked `defines_run` where
+        they are declared, here, in RunOptions and in the task's section. Checkpoints compares them on resume."""
+        owners = (self, self.run, self.task_options)
+        return tuple(f.name for owner in owners if owner is not None for f in dataclasses.fields(owner)
+                     if f.metadata.get("defines_run"))
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, as on the command line: what config.json and checkpoints record (and compare on resume).

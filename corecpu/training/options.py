@@ -18,16 +18,19 @@ from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS
 from corecpu.errors import CoreCPUError
 
 
-def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
-    """A dataclass field with what the command line needs: a default, a help text, its choices."""
-    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None, *,
+        defines_run: bool = False) -> Any:
+    """A dataclass field with what the command line needs: a default, a help text, its choices. `defines_run`:
+    a resume with another value trains a different run, so the start-up names the change."""
+    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar,
+                                            "defines_run": defines_run})
 
 
 @dataclass(frozen=True)
 class RunOptions:
     precision: str = opt("auto", "auto: bf16 autocast if the CPU has AMX or bf16 measured >= 1.1x fp32 "
                          "for this model (timed once per CPU, cached in ~/.cache/corecpu), else fp32",
-                         choices=PRECISIONS)
+                         choices=PRECISIONS, defines_run=True)
     backend: str = opt("auto", "auto: ccl if oneccl_bindings_for_pytorch matches torch, else gloo", choices=BACKENDS)
     allreduce: str = opt("auto", "gradient all-reduce: auto (every path that can run here is timed on one 25 MB "
                          "bucket at start-up, cached per kind of machine, and the fastest kept), gloo, mpi "
@@ -37,7 +40,7 @@ class RunOptions:
                          choices=ALLREDUCE_CHOICES)
     allreduce_dtype: str = opt("fp32", "what gradients travel as: fp32, or bf16 (half the bytes; rounds each "
                                "rank's gradient to bf16 before summing; shm, gloo, ccl; MPI has no bf16 sum)",
-                               choices=ALLREDUCE_DTYPES)
+                               choices=ALLREDUCE_DTYPES, defines_run=True)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",

@@ -119,3 +119,19 @@ def test_make_data_writes_the_builtin_task_and_refuses_to_overwrite(tmp_path):
     assert len(data) == 50 and data.label_names == ["negative", "positive"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_run_defining_settings_come_from_where_they_are_declared():
+    from corecpu.training.checkpoint import config_changes
+
+    shared = {"task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio",
+              "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "allreduce_dtype"}
+    classification = parse_config([]).run_defining()
+    qa = parse_config(["--task", "qa"]).run_defining()
+    assert set(classification) == shared | {"text_column", "text_pair_column", "label_column"}
+    assert set(qa) == shared | {"version_2_with_negative", "doc_stride", "id_column", "question_column",
+                                "context_column", "answers_column"}
+    # A QA window setting changed since the checkpoint is named; how answers are picked (n_best) is not.
+    saved = parse_config(["--task", "qa"]).to_dict()
+    now = parse_config(["--task", "qa", "--doc-stride", "64", "--n-best-size", "5"]).to_dict()
+    assert config_changes(saved, now, qa) == ["doc_stride: 128 -> 64"]
