@@ -21,8 +21,6 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SETTINGS = ("task", "model", "data", "eval_data", "max_seq_len", "doc_stride", "version_2_with_negative",
             "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio", "max_grad_norm", "epochs", "max_steps",
             "seed", "precision", "backend")
-QA_ONLY = ("doc_stride", "version_2_with_negative")
-
 
 @dataclass(frozen=True)
 class CardKind:
@@ -102,7 +100,7 @@ def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_name
         metrics=[key for key, _ in kind.metrics] if results else None, model_name=model_name if results else None,
         eval_results=results or None,
     )
-    shown = [k for k in SETTINGS if k in config and (kind is QA_CARD or k not in QA_ONLY)]
+    shown = [k for k in SETTINGS if k in config]  # config.json holds only this run's task options
     settings = "\n".join(f"| `{k}` | `{config[k]}` |" for k in shown)
     ranks = len(summary.get("ranks", [])) or "?"
     per_rank, accum = config.get("batch_size"), config.get("grad_accum")
