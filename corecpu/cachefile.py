@@ -9,13 +9,11 @@ measured again next run.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
-from corecpu import envvars
+from corecpu import atomic, envvars
 
 _warned: set[Path] = set()
 
@@ -31,20 +29,13 @@ def read_entries(path: Path, version: int) -> dict[str, dict[str, Any]]:
 
 
 def store_entry(path: Path, version: int, key: str, entry: dict[str, Any], what: str) -> bool:
-    """Add one entry (temp file + rename). `what` names the measurement in the one warning an unwritable
-    directory gets. Returns whether it was stored."""
+    """Add one entry (corecpu.atomic: a temporary renamed over the file). `what` names the measurement in
+    the one warning an unwritable directory gets. Returns whether it was stored."""
     entries = read_entries(path, version)
     entries[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": version, "entries": entries}, f, indent=2, sort_keys=True)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic.write_json(path, {"version": version, "entries": entries}, indent=2, sort_keys=True)
     except OSError as exc:
         if path not in _warned:
             _warned.add(path)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from corecpu import envvars
+from corecpu import atomic, envvars
 from corecpu.cpu.cgroups import REAL_CGROUP
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
@@ -172,12 +172,8 @@ def cmd_make_data(args: argparse.Namespace) -> int:
         raise CoreCPUError(f"{path} already exists; remove it or choose another path")
     if args.n is not None and args.n < 1:
         raise CoreCPUError(f"--n must be at least 1, got {args.n}")
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic.replacing(path) as tmp:
         rows = write_task(tmp, args.task, split=args.split, n=args.n, seed=args.seed)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     print(f"wrote {rows} {args.task} {args.split} examples to {path}")
     return 0
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from corecpu import envvars
+from corecpu import atomic, envvars
 
 # Flags corecpu reports and acts on; /proc/cpuinfo spells them this way.
 TRACKED_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8")
@@ -97,9 +96,8 @@ def _cpuid_flags(boot_id: str | Path = "/proc/sys/kernel/random/boot_id") -> tup
     if cache is not None:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"brand": brand, "flags": sorted(flags)}))
-            os.replace(tmp, cache)  # ranks starting together: each writes its own file, the last rename wins
+            # Ranks starting together: each writes its own temporary, the last rename wins.
+            atomic.write_json(cache, {"brand": brand, "flags": sorted(flags)})
         except OSError:
             pass  # a read-only home: pay the subprocess next time
     return brand, flags

@@ -2,7 +2,7 @@
 
 The cache file is named by a hash of the examples, the tokenizer (its full serialized
 form, not its path) and max_seq_len, so a change to any of them is a miss, never a
-stale hit. Files are written atomically (temp + rename), so hosts sharing a filesystem,
+stale hit. Files are written atomically (corecpu.atomic), so hosts sharing a filesystem,
 or a crash mid-write, cannot leave a torn file. If the cache cannot be written or read,
 each rank tokenizes for itself: slower, never wrong.
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
 
+from corecpu import atomic
 from corecpu.data.tokenized import TokenizedDataset
 from corecpu.data.types import ClassificationData
 from corecpu.distributed.process_group import barrier
@@ -84,12 +84,8 @@ def _state(ds: TokenizedDataset) -> dict[str, Any]:
 
 def _write(path: Path, state: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic.replacing(path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def state_digest(state: dict[str, Any]) -> str:

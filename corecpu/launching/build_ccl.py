@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from corecpu import envvars
+from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
 from corecpu.launching.ccl_source import COMMIT, DEFAULT_SOURCE, TREE_SHA256, Source, fetch_source, parse_source
 from corecpu.launching.torch_cmake_view import make_view, torch_dir, view_env
@@ -133,10 +133,9 @@ def libccl2(target: Target, cache: Path) -> Path:
         with zipfile.ZipFile(wheel) as zf:
             data = zf.read(f"oneccl-{ONECCL}.data/data/lib/libccl.so.2")
         kept.parent.mkdir(parents=True, exist_ok=True)
-        part = kept.with_suffix(".part")
-        part.write_bytes(data)
-        part.chmod(0o755)
-        os.replace(part, kept)
+        with atomic.replacing(kept) as part:
+            part.write_bytes(data)
+            part.chmod(0o755)
     return kept
 
 
@@ -235,8 +234,8 @@ def build_ccl(setting: str | None = None, jobs: int | None = None, rebuild: bool
         work = Path(tempfile.mkdtemp(prefix="build-", dir=cache))
         built = build_wheel(target, source, work, jobs, report)  # on failure `work` stays: the error names its log
         kept.mkdir(exist_ok=True)
-        shutil.copy2(built, kept / (built.name + ".part"))
-        os.replace(kept / (built.name + ".part"), kept / built.name)
+        with atomic.replacing(kept / built.name) as part:
+            shutil.copy2(built, part)
         wheel = kept / built.name
         shutil.rmtree(work, ignore_errors=True)
     if not install_wheel:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from corecpu import atomic
 
 
 class MetricsLog:
@@ -21,7 +22,7 @@ class MetricsLog:
         self.trackers = list(trackers)
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            path.write_text("")
+            atomic.write_text(path, "")
         else:
             # Drop records written after the checkpoint we resume from; the resumed
             # run writes those steps again, and a reader must see each step once.
@@ -33,7 +34,7 @@ class MetricsLog:
                             kept.append(line)
                     except json.JSONDecodeError:
                         pass  # a line torn by the crash we are resuming from
-            path.write_text("".join(k + "\n" for k in kept))
+            atomic.write_text(path, "".join(k + "\n" for k in kept))  # a kill now keeps the old history whole
         self._file = path.open("a")
 
     def write(self, record: dict[str, Any]) -> None:

@@ -4,14 +4,14 @@ topology.json, summary.json and the exported final/ model.
 Rank 0 writes. Every rank constructs a `Reporter` and calls the same methods in the same
 order: a log step reduces the step sums across ranks, and finish() gathers every rank's
 summary. start() writes config.json with the resolved choices, so it comes after run.wrap().
+Every file and final/ is replaced atomically (corecpu.atomic); summary.json is written last, so a
+summary always names a final/ that exists.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -22,7 +22,7 @@ from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
 from corecpu.compute.wrappers import unwrap
-from corecpu import envvars
+from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_files import process_start
 from corecpu.training.run import Run
@@ -142,9 +142,8 @@ class Reporter:
     # ------------------------------------------------------------ the end
     def finish(self, model: torch.nn.Module, tokenizer: Any, steps: int,
                card: Callable[[Path, dict[str, Any]], Any] | None = None) -> Path | None:
-        """summary.json (every rank's loss and weight checksum: DDP replicas must agree) and final/
-        (save_pretrained + tokenizer + `card(dir, summary)`, written to a temporary directory and
-        renamed). Collective."""
+        """final/ (export_final), then summary.json (every rank's loss and weight checksum: DDP replicas
+        must agree), last. Collective."""
         self.close()
         model = unwrap(model)
         elapsed = time.perf_counter() - self.started
@@ -155,21 +154,11 @@ class Reporter:
         if self.main:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
                        "samples_per_s_after_warmup": self.samples_per_s, "ranks": views}
-            self._write("summary.json", summary)
             saving = time.perf_counter()
-            final = self.out / "final"
-            staging = self.out / ".final.tmp"
-            shutil.rmtree(staging, ignore_errors=True)
-            model.save_pretrained(staging, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(staging)
-            if card is not None:
-                card(staging, summary)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(staging, final)
+            final = export_final(self.out / "final", model, tokenizer, summary, card)
             summary["phases"] = phase_split(self.start_up_s, elapsed, self.run.untimed_seconds,
                                             time.perf_counter() - saving)
-            self._write("summary.json", summary)
+            self._write("summary.json", summary)  # last: a kill before this leaves no summary of this end
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
         self.run.barrier()
@@ -177,7 +166,20 @@ class Reporter:
 
     def _write(self, name: str, obj: Any) -> None:
         # Strict JSON: a NaN or infinity becomes null rather than a bare NaN that JSON readers reject.
-        (self.out / name).write_text(json.dumps(_finite(obj), indent=2, allow_nan=False))
+        atomic.write_json(self.out / name, _finite(obj), indent=2, allow_nan=False)
+
+
+def export_final(final: Path, model: Any, tokenizer: Any, summary: dict[str, Any],
+                 card: Callable[[Path, dict[str, Any]], Any] | None = None) -> Path:
+    """The model as save_pretrained (safetensors), its tokenizer and `card(dir, summary)`, written to a
+    temporary directory that replaces `final` only once complete: a kill keeps the old final/ or the new."""
+    with atomic.replacing_dir(final) as staging:
+        model.save_pretrained(staging, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        if card is not None:
+            card(staging, summary)
+    return final
 
 
 def seconds_since_launch(env: Mapping[str, str]) -> float | None:

@@ -17,13 +17,13 @@ silent change of the total. missing="official" reproduces the scripts.
 from __future__ import annotations
 
 import json
-import os
 import re
 import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from corecpu import atomic
 from corecpu.errors import CoreCPUError
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -116,9 +116,7 @@ def squad_scores(gold: Mapping[str, Sequence[str]], predictions: Mapping[str, st
 
 
 def _write_json(path: Path, obj: object) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)  # readers never see half a file
+    atomic.write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")  # readers never see half a file
 
 
 def write_predictions(directory: str | Path, predictions: Mapping[str, str],

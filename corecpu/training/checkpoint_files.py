@@ -1,8 +1,8 @@
 """Checkpoints on disk: layout, integrity, atomic writes, pruning and leftovers of killed saves.
 
 Layout: OUTPUT_DIR/checkpoints/step-00000120/{state.pt, meta.json}. A save writes into
-.step-00000120.tmp-PID/ (with an owner.json naming host, PID and the PID's start time),
-fsyncs, and renames it into place, so a step-* directory only ever appears complete.
+.step-00000120.tmp-HOST-PID/ (with an owner.json naming host, PID and the PID's start time)
+and corecpu.atomic renames it into place, so a step-* directory only ever appears complete.
 meta.json is written last and records each file's size and SHA-256 digest. Pruning renames
 a checkpoint to .step-N.old-PID/ before deleting it, so no half-deleted step-* remains.
 No torch.distributed here: checkpoint.py decides who writes.
@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from corecpu import atomic
 from corecpu.reliability import preempt
 
 PREFIX = "step-"
@@ -167,14 +168,15 @@ def clean_stale(output_dir: str | Path, *, host: str | None = None,
                 started: Callable[[int], str | None] = process_start) -> list[str]:
     """Remove leftovers of killed saves and prunes; one note per removal.
 
-    .step-*.tmp-PID/ and .step-*.old-PID/ go when their writer is gone; a step-* directory
-    without meta.json can only be a prune that was interrupted (saves rename in complete ones).
+    .step-*.tmp-[HOST-]PID/ and .step-*.old-[HOST-]PID/ go when their writer is gone; a step-* directory
+    without meta.json can only be a prune that was interrupted (saves rename in complete ones). First, a
+    checkpoint that a killed save of the same step set aside (corecpu.atomic's fallback) is put back.
     """
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
     host = host or socket.gethostname()
-    notes = []
+    notes = atomic.recover_all(root)
     for p in sorted(root.iterdir()):
         if not p.is_dir():
             continue
@@ -183,7 +185,8 @@ def clean_stale(output_dir: str | Path, *, host: str | None = None,
             try:
                 owner = json.loads((p / OWNER).read_text())
             except (OSError, ValueError):
-                owner = None
+                named = atomic.parse_temp_name(p.name)  # a swapped-out old copy has no owner.json; its name, a host
+                owner = {"host": named[2], "pid": named[3]} if named else None
             if not writer_gone(owner, int(tail) if tail.isdigit() else None, host, alive, started):
                 continue
             why = "left by a save that did not finish"
@@ -229,47 +232,22 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host: str) -> None:
-    """Write one checkpoint atomically; on failure remove the temporary directory and re-raise."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    # An exit that cannot wait (a second stop signal, the launcher gone) still removes the half-written copy.
-    forget = preempt.on_hard_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
-    try:
-        (tmp / OWNER).write_text(json.dumps({"host": host, "pid": os.getpid(), "start": process_start(os.getpid())}))
-        torch.save(state, tmp / STATE)
-        _fsync(tmp / STATE)
-        # Digest what reached the file (read back from the page cache), not what we meant to write.
-        meta["files"] = {STATE: {"bytes": (tmp / STATE).stat().st_size, DIGEST: file_digest(tmp / STATE)}}
-        with open(tmp / META, "w") as f:
-            f.write(json.dumps(meta, indent=2))
-            f.flush()
-            os.fsync(f.fileno())
-        (tmp / OWNER).unlink()
-        _fsync(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        forget()
-    old = None
-    if final.exists():  # the same step saved twice: move the old one aside so a checkpoint always exists
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    """Write one checkpoint atomically (the same step saved twice replaces the old one only once the new
+    one is complete); on failure remove the temporary directory and re-raise."""
+    with atomic.replacing_dir(final) as tmp:
+        # An exit that cannot wait (a second stop signal, the launcher gone) still removes the half-written copy.
+        forget = preempt.on_hard_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        try:
+            owner = {"host": host, "pid": os.getpid(), "start": process_start(os.getpid())}
+            (tmp / OWNER).write_text(json.dumps(owner))
+            torch.save(state, tmp / STATE)
+            # Digest what reached the file (read back from the page cache), not what we meant to write.
+            meta["files"] = {STATE: {"bytes": (tmp / STATE).stat().st_size, DIGEST: file_digest(tmp / STATE)}}
+            (tmp / META).write_text(json.dumps(meta, indent=2))
+            (tmp / OWNER).unlink()
+        finally:
+            forget()
 
 
 def prune(output_dir: str | Path, keep: int) -> None:
@@ -280,7 +258,7 @@ def prune(output_dir: str | Path, keep: int) -> None:
     for c in candidates:
         if c.path in kept:
             continue
-        doomed = c.path.with_name(f".{c.path.name}.old-{os.getpid()}")
+        doomed = c.path.with_name(f".{c.path.name}.old-{os.getpid()}")  # no host: never one atomic.recover puts back
         try:
             os.replace(c.path, doomed)
         except OSError:

@@ -16,13 +16,13 @@ A fresh start (nothing to resume) moves an earlier run's outputs in the director
 from __future__ import annotations
 
 import json
-import os
 import contextlib
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import torch
 
+from corecpu import atomic
 from corecpu.errors import CoreCPUError
 from corecpu.training import checkpoint, outputs
 from corecpu.training.checkpoint import LoopState
@@ -85,9 +85,7 @@ class Checkpoints:
         exit code 75 does not survive every launcher (torchrun reports 1), the file does."""
         record = {"signal": signal_name, "step": step, "checkpoint": str(path) if path else None, "exit_code": 75,
                   "resume": "--resume auto"}
-        tmp = self.output_dir / f".{STOPPED}.tmp"
-        tmp.write_text(json.dumps(record) + "\n")
-        os.replace(tmp, self.output_dir / STOPPED)
+        atomic.write_text(self.output_dir / STOPPED, json.dumps(record) + "\n")
 
     def attach(self, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
         """What to save from now on: the wrapped model (saved unwrapped) and the optimizer in use."""

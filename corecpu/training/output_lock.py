@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from corecpu import atomic
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_files import process_start
 
@@ -124,7 +125,10 @@ class OutputLock:
                         warned = True
                     continue
                 self.record["heartbeat"] = now()
-                _write_atomic(self.path, self.record)
+                try:
+                    atomic.write_json(self.path, self.record)
+                except OSError:
+                    pass  # the directory went away: the next beat says so
 
         self._thread = threading.Thread(target=beat, name="corecpu-output-lock", daemon=True)
         self._thread.start()
@@ -147,15 +151,6 @@ def _read(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-def _write_atomic(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # the directory went away: the next beat says so
 
 
 def _first_missing(path: Path) -> Path:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from corecpu import atomic
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_files import list_checkpoints
 
@@ -91,8 +92,10 @@ def set_aside_earlier_run(output_dir: str | Path, *, resuming: bool,
                           now: Callable[[], float] = time.time) -> str | None:
     """Move an earlier run's outputs into previous-<time>/ before a fresh run writes; a one-line note, or None.
 
-    Rank 0 only. Nothing moves when resuming: those outputs are the run being continued.
+    Rank 0 only. Nothing moves when resuming: those outputs are the run being continued. First, an output
+    that a killed write set aside (corecpu.atomic: final/ where the system cannot swap directories) is put back.
     """
+    atomic.recover_all(output_dir)
     if resuming:
         return None
     found = earlier_outputs(output_dir)

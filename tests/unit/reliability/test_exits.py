@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from corecpu import atomic
 from corecpu.launching import launch
 from corecpu.launching.launch import _launcher_child
 from corecpu.reliability import preempt
@@ -39,7 +40,7 @@ def test_a_checkpoint_being_written_is_removed_by_a_hard_exit(tmp_path, monkeypa
 
     monkeypatch.setattr(checkpoint_files.torch, "save", save_and_look)
     checkpoint_files.write_atomic(tmp_path / "step-00000001", {"a": torch.zeros(1)}, {"step": 1}, "host")
-    assert seen["tmp"].name == ".step-00000001.tmp-" + seen["tmp"].name.rsplit("-", 1)[1]
+    assert seen["tmp"] == atomic.temp_path(tmp_path / "step-00000001")  # .step-00000001.tmp-HOST-PID
     assert len(seen["cleanups"]) == 1 and not preempt._exit_cleanups  # registered while writing, then forgotten
     seen["tmp"].mkdir()
     seen["cleanups"][0]()  # what hard_exit would run mid-write
