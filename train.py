@@ -23,7 +23,7 @@ from corecpu.reporting.reporter import Reporter
 from corecpu.reporting.trackers import parse_report_to
 from corecpu.tasks.registry import make_task, parse_config
 from corecpu.training import outputs
-from corecpu.training.config import TrainConfig
+from corecpu.training.train_config import TrainConfig
 from corecpu.training.output_lock import OutputLock
 from corecpu.training.modeling import check_inputs, load_tokenizer, optimizer_groups, weights_bytes
 

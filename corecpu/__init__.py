@@ -41,21 +41,21 @@ __version__ = "0.1.0"
 _LAZY = {
     "setup": ("corecpu.training.run", "setup"),
     "Run": ("corecpu.training.run", "Run"),
-    "RunOptions": ("corecpu.training.options", "RunOptions"),
+    "RunOptions": ("corecpu.training.run_options", "RunOptions"),
     "Checkpoints": ("corecpu.training.checkpointer", "Checkpoints"),
     "unwrap": ("corecpu.compute.wrappers", "unwrap"),
-    "TrainConfig": ("corecpu.training.config", "TrainConfig"),
-    "save_checkpoint": ("corecpu.training.checkpoint", "save"),
-    "resume_checkpoint": ("corecpu.training.checkpoint", "resume"),
+    "TrainConfig": ("corecpu.training.train_config", "TrainConfig"),
+    "save_checkpoint": ("corecpu.training.checkpoint_state", "save"),
+    "resume_checkpoint": ("corecpu.training.checkpoint_state", "resume"),
 }
 __all__ = ["CoreCPUError", "run_cli", *_LAZY]
 
 if TYPE_CHECKING:
     from corecpu.compute.wrappers import unwrap  # noqa: F401
-    from corecpu.training.checkpoint import resume as resume_checkpoint, save as save_checkpoint  # noqa: F401
+    from corecpu.training.checkpoint_state import resume as resume_checkpoint, save as save_checkpoint  # noqa: F401
     from corecpu.training.checkpointer import Checkpoints  # noqa: F401
-    from corecpu.training.config import TrainConfig  # noqa: F401
-    from corecpu.training.options import RunOptions  # noqa: F401
+    from corecpu.training.train_config import TrainConfig  # noqa: F401
+    from corecpu.training.run_options import RunOptions  # noqa: F401
     from corecpu.training.run import Run, setup  # noqa: F401
 
 

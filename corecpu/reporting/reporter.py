@@ -24,7 +24,7 @@ from corecpu.reporting.trackers import open_trackers
 from corecpu.compute.wrappers import unwrap
 from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
-from corecpu.training.checkpoint_files import process_start
+from corecpu.training.checkpoint_disk import process_start
 from corecpu.training.run import Run
 from corecpu.training.schedule import StepStats
 from corecpu.training.steps import Step

@@ -24,9 +24,9 @@ from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
 from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 from corecpu.reporting.model_card import write_model_card
-from corecpu.training.config import TaskOptions, TrainConfig
+from corecpu.training.train_config import TaskOptions, TrainConfig
 from corecpu.training.modeling import load_model
-from corecpu.training.options import opt
+from corecpu.training.run_options import opt
 from corecpu.training.run import Run
 
 

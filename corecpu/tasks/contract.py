@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import torch
 from torch.utils.data import DataLoader
 
-from corecpu.training.config import TaskOptions
+from corecpu.training.train_config import TaskOptions
 from corecpu.training.run import Run
 
 
@@ -46,7 +46,7 @@ class Task(Protocol):
     """One job train.py can run: how data becomes features, the model class, what evaluation computes."""
 
     name: str  # the --task value it is registered under
-    Options: type[TaskOptions]  # its own options, nested as cfg.task_options (corecpu.training.config)
+    Options: type[TaskOptions]  # its own options, nested as cfg.task_options (corecpu.training.train_config)
 
     def load(self) -> TaskData:
         """Read the training data and, unless --eval-data is none, the held-out data.

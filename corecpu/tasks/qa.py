@@ -34,9 +34,9 @@ from corecpu.reporting.model_card import QA_CARD, write_model_card
 from corecpu.tasks.qa_features import QAFeatures, check_fast_tokenizer, eval_features, select, train_features
 from corecpu.tasks.qa_metrics import squad_scores, write_predictions
 from corecpu.tasks.qa_postprocess import postprocess
-from corecpu.training.config import TaskOptions, TrainConfig, flag
+from corecpu.training.train_config import TaskOptions, TrainConfig, flag
 from corecpu.training.modeling import load_qa_model
-from corecpu.training.options import opt
+from corecpu.training.run_options import opt
 from corecpu.training.run import Run
 
 BUILTIN = "qa"  # --data qa: the generated set (corecpu.data.builtin_qa)

@@ -2,7 +2,7 @@
 
 A new task is one module (a class keeping corecpu.tasks.contract.Task, with its own TaskOptions
 section) plus one line below; code outside the package (a test, a script) calls `register()`.
-The command line is built here, one layer above corecpu.training.config, so that the config
+The command line is built here, one layer above corecpu.training.train_config, so that the config
 module can stay below the tasks: this registry passes each task's options section down to it.
 """
 
@@ -14,8 +14,8 @@ from corecpu.errors import CoreCPUError
 from corecpu.tasks.classification import Classification
 from corecpu.tasks.contract import Task, missing_members
 from corecpu.tasks.qa import QuestionAnswering
-from corecpu.training import config
-from corecpu.training.config import Sections, TaskOptions, TrainConfig
+from corecpu.training import train_config as config
+from corecpu.training.train_config import Sections, TaskOptions, TrainConfig
 
 TASKS: dict[str, type[Task]] = {}  # --task name -> task class, in --help order
 
@@ -28,7 +28,7 @@ def register(task_class: type[Task]) -> type[Task]:
                            "corecpu.tasks.contract.Task lists what a task provides")
     if not (isinstance(task_class.Options, type) and issubclass(task_class.Options, TaskOptions)):
         raise CoreCPUError(f"task {task_class.__name__}: Options must be a TaskOptions dataclass "
-                           f"(corecpu.training.config), got {task_class.Options!r}")
+                           f"(corecpu.training.train_config), got {task_class.Options!r}")
     if TASKS.get(task_class.name, task_class) is not task_class:
         raise CoreCPUError(f"--task {task_class.name} is taken by {TASKS[task_class.name].__name__}; "
                            f"give {task_class.__name__} another name")

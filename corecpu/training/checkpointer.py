@@ -9,7 +9,7 @@
 It knows nothing of the run: wrap() hands it what it needs (the plain model to restore into, the
 resolved choices to compare, whether this rank writes, how to pause the watchdog), and a save takes
 only the step.
-The files are corecpu.training.checkpoint's: verified, atomic, the newest `keep` kept.
+The files are corecpu.training.checkpoint_state's: verified, atomic, the newest `keep` kept.
 A fresh start (nothing to resume) moves an earlier run's outputs in the directory aside.
 """
 
@@ -24,8 +24,8 @@ import torch
 
 from corecpu import atomic
 from corecpu.errors import CoreCPUError
-from corecpu.training import checkpoint, outputs
-from corecpu.training.checkpoint import LoopState
+from corecpu.training import checkpoint_state, outputs
+from corecpu.training.checkpoint_state import LoopState
 
 STOPPED = "stopped.json"  # written when a stop signal ended the run with a checkpoint; removed by the next start
 
@@ -46,11 +46,11 @@ def _not_paused(phase: str, kind: str = "other") -> ContextManager[None]:
 
 class Checkpoints:
     def __init__(self, output_dir: str | Path, *, every: int = 0, keep: int = 2, resume: str = "auto",
-                 config: dict[str, Any] | None = None, compare: Sequence[str] = checkpoint.RUN_DEFINING) -> None:
+                 config: dict[str, Any] | None = None, compare: Sequence[str] = checkpoint_state.RUN_DEFINING) -> None:
         """`every`: save every N optimizer steps (0: only the last step, and on a stop signal).
         `resume`: "auto" (the newest checkpoint that verifies, if any), "" (start fresh) or a step-* directory.
         `config`: JSON-serialisable settings stored with each checkpoint; run-defining ones (corecpu.training.
-        checkpoint.RUN_DEFINING, or the names in `compare`) and `label_names` are compared on resume."""
+        checkpoint_state.RUN_DEFINING, or the names in `compare`) and `label_names` are compared on resume."""
         if every < 0 or keep < 1:
             raise CoreCPUError(f"checkpoints every {every} steps keeping {keep}: use every >= 0 "
                                           "and keep >= 1")
@@ -71,7 +71,7 @@ class Checkpoints:
         writes the shared files; `untimed(phase, kind)`: how a write pauses the watchdog."""
         self._untimed, self._restored = untimed, True
         self.config["resolved"] = resolved
-        self.resumed = checkpoint.resume(self.output_dir, self.resume_from, model=model, optimizer=optimizer,
+        self.resumed = checkpoint_state.resume(self.output_dir, self.resume_from, model=model, optimizer=optimizer,
                                          scheduler=scheduler, config=self.config, compare=self.compare)
         self.notes = list(self.resumed.notes) if self.resumed else []
         if is_main and (moved := outputs.set_aside_earlier_run(self.output_dir, resuming=self.resumed is not None)):
@@ -111,7 +111,7 @@ class Checkpoints:
                                f"not saved{kept}; lower the learning rate or check the data")
         epoch, batches = step.position
         with self._untimed(f"the checkpoint write of step {step.number}", "checkpoint"):
-            path = checkpoint.save(self.output_dir, step=step.number, model=model, optimizer=optimizer,
+            path = checkpoint_state.save(self.output_dir, step=step.number, model=model, optimizer=optimizer,
                                    scheduler=scheduler, epoch=epoch, batches_in_epoch=batches,
                                    config=self.config, keep=self.keep)
         self._saved = (step.number, path)

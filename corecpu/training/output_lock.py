@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from corecpu import atomic
 from corecpu.errors import CoreCPUError
-from corecpu.training.checkpoint_files import process_start
+from corecpu.training.checkpoint_disk import process_start
 
 LOCK_NAME = ".corecpu-lock"
 HEARTBEAT_S = 20.0

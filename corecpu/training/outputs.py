@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from corecpu import atomic
 from corecpu.errors import CoreCPUError
-from corecpu.training.checkpoint_files import list_checkpoints
+from corecpu.training.checkpoint_disk import list_checkpoints
 
 # What a run writes; anything else in the directory (a user's notes, data) is left alone.
 RUN_OUTPUTS = ("final", "checkpoints", "summary.json", "metrics.jsonl", "config.json", "topology.json", "tensorboard",

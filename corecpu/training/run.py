@@ -53,11 +53,11 @@ from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog
-from corecpu.training.checkpoint import LoopState
+from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
 from corecpu.training.lifetime import Lifetime
 from corecpu.training.loop_clock import LoopClock
-from corecpu.training.options import RunOptions
+from corecpu.training.run_options import RunOptions
 from corecpu.training.schedule import Schedule
 from corecpu.training.steps import Steps, no_sync
 from corecpu.training.wrapping import Once, Wrapped, calibration_shape, measure_precision, wrap_model

@@ -24,7 +24,7 @@ from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
-from corecpu.training.checkpoint import LoopState
+from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
 
 # torch 2.13 renamed DDP's broadcast_buffers (deprecated) to forward_sync_buffers; IPEX 2.8 needs torch 2.8.

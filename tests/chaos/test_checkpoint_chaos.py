@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from corecpu.training import checkpoint_files as store
+from corecpu.training import checkpoint_disk as store
 from helpers.common import ROOT
 from helpers.launching import TINY, launch, records
 

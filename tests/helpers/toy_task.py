@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from corecpu.data.sources import load_data
 from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
-from corecpu.training.config import TaskOptions
+from corecpu.training.train_config import TaskOptions
 from corecpu.training.modeling import load_model
-from corecpu.training.options import opt
+from corecpu.training.run_options import opt
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from corecpu.training import checkpoint as ckpt
+from corecpu.training import checkpoint_state as ckpt
 import corecpu
 from corecpu.errors import CoreCPUError
 

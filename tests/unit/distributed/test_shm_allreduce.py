@@ -11,7 +11,7 @@ from corecpu.distributed.allreduce import choose_allreduce, make_gradient_allred
 from corecpu.distributed.shm_allreduce import (KERNEL_LEVEL_BF16, KERNEL_LEVEL_FP32, check_wire, host_layout,
                                                segment_name, shm_namespace, shm_status)
 from corecpu.errors import CoreCPUError
-from corecpu.training.options import RunOptions
+from corecpu.training.run_options import RunOptions
 
 SHM_OK = lambda: (True, "DeepSpeed's shared-memory op")  # noqa: E731
 SHM_MISSING = lambda: (False, "DeepSpeed is not installed (pip install 'corecpu[shm]')")  # noqa: E731

@@ -14,7 +14,7 @@ from corecpu.launching import launch
 from corecpu.launching.launch import _launcher_child
 from corecpu.reliability import preempt
 from corecpu.reliability.watchdog import EXIT_HUNG
-from corecpu.training import checkpoint_files
+from corecpu.training import checkpoint_disk
 from helpers.common import ROOT
 
 SHOW = "import signal; print(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN)"
@@ -38,8 +38,8 @@ def test_a_checkpoint_being_written_is_removed_by_a_hard_exit(tmp_path, monkeypa
         seen["cleanups"] = list(preempt._exit_cleanups)
         Path(path).write_bytes(b"x" * 10)
 
-    monkeypatch.setattr(checkpoint_files.torch, "save", save_and_look)
-    checkpoint_files.write_atomic(tmp_path / "step-00000001", {"a": torch.zeros(1)}, {"step": 1}, "host")
+    monkeypatch.setattr(checkpoint_disk.torch, "save", save_and_look)
+    checkpoint_disk.write_atomic(tmp_path / "step-00000001", {"a": torch.zeros(1)}, {"step": 1}, "host")
     assert seen["tmp"] == atomic.temp_path(tmp_path / "step-00000001")  # .step-00000001.tmp-HOST-PID
     assert len(seen["cleanups"]) == 1 and not preempt._exit_cleanups  # registered while writing, then forgotten
     seen["tmp"].mkdir()

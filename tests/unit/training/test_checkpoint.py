@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from corecpu.training import checkpoint as ckpt
-from corecpu.training import checkpoint_files as store
+from corecpu.training import checkpoint_state as ckpt
+from corecpu.training import checkpoint_disk as store
 from corecpu.errors import CoreCPUError
 
 Usage = namedtuple("Usage", "total used free")
@@ -334,7 +334,7 @@ class _Payload:
 def test_a_pickle_payload_is_refused_without_suggesting_weights_only_false(tmp_path, capsys):
     import pickle
 
-    from corecpu.training.checkpoint_files import DIGEST, META, file_digest
+    from corecpu.training.checkpoint_disk import DIGEST, META, file_digest
 
     model, opt, _ = trained()
     path = save(tmp_path, 1, model, opt)

@@ -11,7 +11,7 @@ from collections import namedtuple
 
 import pytest
 
-from corecpu.training import checkpoint as ckpt
+from corecpu.training import checkpoint_state as ckpt
 from corecpu.training import outputs
 from corecpu.errors import CoreCPUError
 from corecpu.training.modeling import (default_model_dir, input_problems, load_model, load_tokenizer, read_model_config,

@@ -1,9 +1,9 @@
 """Tier 1: a resume that would read the saved position under another batch layout is named
-(corecpu.training.checkpoint.layout_change / approximate_position)."""
+(corecpu.training.checkpoint_state.layout_change / approximate_position)."""
 
 from __future__ import annotations
 
-from corecpu.training.checkpoint import approximate_position, layout_change
+from corecpu.training.checkpoint_state import approximate_position, layout_change
 
 
 def cfg(batch, accum=1):

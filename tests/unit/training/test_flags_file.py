@@ -1,4 +1,4 @@
-"""Tier 1: `--config FILE` (corecpu.training.config_file): the flags' keys, flags win, a run's own
+"""Tier 1: `--config FILE` (corecpu.training.flags_file): the flags' keys, flags win, a run's own
 config.json reads back, and every bad file is one line that names the key or the problem."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tier 1: the configuration surface (corecpu.training.config, its task sections from corecpu.tasks.registry)
+"""Tier 1: the configuration surface (corecpu.training.train_config, its task sections from corecpu.tasks.registry)
 and the `corecpu make-data` command."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from corecpu.errors import CoreCPUError
 from corecpu.tasks.classification import ClassificationOptions
 from corecpu.tasks.qa import QAOptions
 from corecpu.tasks.registry import build_parser, parse_config
-from corecpu.training import config
-from corecpu.training.config import TaskOptions, TrainConfig
-from corecpu.training.options import RunOptions, opt
+from corecpu.training import train_config as config
+from corecpu.training.train_config import TaskOptions, TrainConfig
+from corecpu.training.run_options import RunOptions, opt
 
 
 def test_every_config_field_is_a_flag_with_help():
@@ -122,7 +122,7 @@ def test_make_data_writes_the_builtin_task_and_refuses_to_overwrite(tmp_path):
 
 
 def test_run_defining_settings_come_from_where_they_are_declared():
-    from corecpu.training.checkpoint import config_changes
+    from corecpu.training.checkpoint_state import config_changes
 
     shared = {"task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio",
               "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "allreduce_dtype"}

@@ -5,7 +5,7 @@ Layout: OUTPUT_DIR/checkpoints/step-00000120/{state.pt, meta.json}. A save write
 and corecpu.atomic renames it into place, so a step-* directory only ever appears complete.
 meta.json is written last and records each file's size and SHA-256 digest. Pruning renames
 a checkpoint to .step-N.old-PID/ before deleting it, so no half-deleted step-* remains.
-No torch.distributed here: checkpoint.py decides who writes.
+No torch.distributed here: checkpoint_state.py decides who writes.
 """
 
 from __future__ import annotations

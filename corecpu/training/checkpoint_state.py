@@ -1,12 +1,13 @@
-"""Checkpoints that can be trusted: save() and resume(), symmetric, for any module and optimizer.
+"""What a checkpoint holds and how every rank saves and resumes it: save() and resume(), symmetric, for any
+module and optimizer (the files on disk: checkpoint_disk.py; when to save: checkpointer.py).
 
-    path = checkpoint.save(out, step=step, model=model, optimizer=opt, scheduler=sched, epoch=e,
+    path = checkpoint_state.save(out, step=step, model=model, optimizer=opt, scheduler=sched, epoch=e,
                            batches_in_epoch=b, config=cfg, keep=2)          # every rank calls it
-    loop = checkpoint.resume(out, "auto", model=model, optimizer=opt, scheduler=sched, config=cfg)
+    loop = checkpoint_state.resume(out, "auto", model=model, optimizer=opt, scheduler=sched, config=cfg)
     for note in loop.notes if loop else []: print(note)                    # skipped checkpoints, changes
 
 Rank 0 writes OUTPUT_DIR/checkpoints/step-N/{state.pt, meta.json} atomically, with each file's
-size and digest in meta.json (checkpoint_store.py: the disk side). resume() verifies them and
+size and digest in meta.json (checkpoint_disk.py: the disk side). resume() verifies them and
 falls back to the newest checkpoint that verifies, saying which one it skipped and why. Every
 rank's RNG state is stored, because dropout draws differ per rank and an exact resume must
 restore each one.
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from corecpu.training.checkpoint_files import (  # noqa: F401  (list_checkpoints: re-exported for callers)
+from corecpu.training.checkpoint_disk import (  # noqa: F401  (list_checkpoints: re-exported for callers)
     PREFIX, STATE, Candidate, checkpoint_root, choose, clean_stale,
     disk_full, list_checkpoints, no_space, prune, read_meta, scan, space_problem, verify, write_atomic)
 from corecpu.compute.wrappers import unwrap

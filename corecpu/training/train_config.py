@@ -1,7 +1,7 @@
 """Training configuration: the settings every task shares, and the command line built from them.
 
 One dataclass of defaults with one help string per field (`TrainConfig`), the run options nested
-as `cfg.run` (corecpu.training.options), and the chosen task's own options nested as
+as `cfg.run` (corecpu.training.run_options), and the chosen task's own options nested as
 `cfg.task_options`: a small `TaskOptions` dataclass that each task defines in its own module
 (corecpu.tasks.qa.QAOptions, ...). This module knows no task by name: the registry
 (corecpu.tasks.registry) passes the sections down, `{task name: its TaskOptions class}`.
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from corecpu.errors import CoreCPUError
-from corecpu.training.config_file import read_config_file
-from corecpu.training.options import RunOptions, opt
+from corecpu.training.flags_file import read_config_file
+from corecpu.training.run_options import RunOptions, opt
 
 Sections = Mapping[str, "type[TaskOptions]"]  # --task name -> its options class, from corecpu.tasks.registry
 
