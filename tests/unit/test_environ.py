@@ -26,8 +26,7 @@ ALLOWED = {
     "corecpu.distributed.allreduce": "MpiGradientAllreduce built without setup()'s node plan (tests, own loops)",
     "corecpu.reliability.lifeline": "ask_launcher_to_end_job() from the watchdog, which has no env of setup()'s",
     "corecpu.cpu.topology": "detect_topology()'s library search for callers without an env (bind, `corecpu plan`)",
-    # Moved by issue 25's gradient-path work, which takes its environment reads with it.
-    "corecpu.distributed.process_group": "init_distributed(env=None)",
+    "corecpu.distributed.process_group": "init_distributed(env=None) for callers without setup() (tests, scripts)",
 }
 ENV_FUNCTIONS = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 

@@ -86,3 +86,41 @@ def test_an_exclusive_cpuset_is_found_in_either_cgroup_version(tmp_path: Path, v
     assert "exclusive cpuset" in sharing.cpuset_exclusive(root, proc)
     evidence = sharing.gather_evidence({}, [0, 1], 2, measure=False, cgroup_root=root, proc_self_cgroup=proc)
     assert decide_binding("auto", evidence)[0] == "core" and not evidence.measured
+
+
+def test_niced_time_is_no_contention() -> None:
+    # cpu0: 95 of 100 jiffies in `nice` (a nice 19 loop); cpu1: 95 in `user`.
+    before = sharing.parse_proc_stat("cpu0 0 0 0 0 0 0 0 0\ncpu1 0 0 0 0 0 0 0 0\n")
+    after = sharing.parse_proc_stat("cpu0 0 95 0 5 0 0 0 0\ncpu1 95 0 0 5 0 0 0 0\n")
+    assert sharing.busy_cpus(before, after, [0, 1]) == (1,)
+
+
+def test_a_nice_19_neighbours_time_lands_in_the_column_that_is_not_counted() -> None:
+    # The kernel books a positive-niceness process's CPU time under `nice`, which parse_proc_stat leaves out
+    # of busy: checked against the loop's own accounting, so other load on the machine cannot decide it.
+    import subprocess
+    import sys
+    import time
+
+    def nice_jiffies() -> int:
+        return sum(int(line.split()[2]) for line in Path("/proc/stat").read_text().splitlines()
+                   if line.startswith("cpu") and line[3].isdigit())
+
+    def cpu_jiffies(pid: int) -> int:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    loop = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        nice0, own0 = nice_jiffies(), cpu_jiffies(loop.pid)
+        deadline = time.monotonic() + 8
+        while cpu_jiffies(loop.pid) - own0 < 50 and time.monotonic() < deadline:  # enough ticks to compare
+            time.sleep(0.2)
+        nice1, own1 = nice_jiffies(), cpu_jiffies(loop.pid)
+    finally:
+        loop.kill()
+        loop.wait()
+    if own1 - own0 < 50:
+        pytest.skip(f"the niced loop got {own1 - own0} jiffies in 8 s: the machine is too busy to compare")
+    assert nice1 - nice0 >= 0.8 * (own1 - own0), (nice1 - nice0, own1 - own0)
