@@ -33,8 +33,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+import sys
+
+from corecpu import address_space as _address_space
 from corecpu.cpu import threads as _threads  # noqa: F401  (records the launcher's CPUs; see cpu/threads.py)
-from corecpu.errors import CoreCPUError, run_cli
+from corecpu.errors import CoreCPUError, die, run_cli
+
+# A script that imported torch first (train.py does) meets corecpu here: a `ulimit -v` too small for torch is
+# said now, in one line, instead of as whichever library fails first (see address_space.py).
+if "torch" in sys.modules and (_too_small := _address_space.too_small()):
+    die(_too_small)
 
 __version__ = "0.1.0"
 
@@ -63,6 +71,14 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'corecpu' has no attribute {name!r}")
     module, attr = _LAZY[name]
-    value = getattr(importlib.import_module(module), attr)
+    if too_small := _address_space.too_small():  # these names import torch: the edge where corecpu meets it
+        raise CoreCPUError(too_small)
+    try:
+        loaded = importlib.import_module(module)
+    except (MemoryError, ImportError, OSError) as exc:
+        if (line := _address_space.memory_failure(exc)) is None:
+            raise
+        raise CoreCPUError(line) from None
+    value = getattr(loaded, attr)
     globals()[name] = value
     return value

@@ -2,18 +2,18 @@
 
 The precision calibration (precision.json) and the all-reduce timing (allreduce.json) keep their
 measurements here. A missing, unreadable, corrupt or older-version file reads as empty and is
-rewritten by the next store; an unwritable directory warns once per file and the value is simply
-measured again next run.
+rewritten by the next store; an unwritable directory warns once per file and host (corecpu.notices) and the
+value is simply measured again next run.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
-from corecpu import atomic, envvars
+from corecpu import atomic, envvars, notices
+from corecpu.errors import os_problem
 
 _warned: set[Path] = set()
 
@@ -39,9 +39,8 @@ def store_entry(path: Path, version: int, key: str, entry: dict[str, Any], what:
     except OSError as exc:
         if path not in _warned:
             _warned.add(path)
-            warnings.warn(f"corecpu: not caching {what} in {path.parent} ({exc.strerror or exc}); it will be "
-                          f"measured again next run (set {envvars.CACHE_DIR} to a writable directory)",
-                          RuntimeWarning, stacklevel=3)
+            notices.warn(f"not caching {what} in {path.parent} ({os_problem(exc, path)}); it will be measured "
+                         f"again next run (or set {envvars.CACHE_DIR} to a writable directory)", per_host=True)
         return False
     return True
 

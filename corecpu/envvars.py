@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping, MutableMapping
+
+from corecpu import notices
 
 # Set by corecpu.bind for the rank it execs; read by corecpu.cpu.threads / corecpu.setup().
 BOUND_CPUS = "CORECPU_BOUND_CPUS"  # the rank's compute CPUs as a cpulist ("0-3,8"): bind already pinned it
@@ -51,11 +54,19 @@ ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BIND
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """$CORECPU_CACHE_DIR, else $XDG_CACHE_HOME/corecpu, else ~/.cache/corecpu."""
+    """$CORECPU_CACHE_DIR, else $XDG_CACHE_HOME/corecpu, else ~/.cache/corecpu. A HOME that does not exist (a
+    typo, a service account's) is not created: the cache goes under the temporary directory, said once per host."""
     if env.get(CACHE_DIR):
         return Path(env[CACHE_DIR])
-    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "corecpu"
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]) / "corecpu"
+    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
+    if home.is_dir():
+        return home / ".cache" / "corecpu"
+    fallback = Path(tempfile.gettempdir()) / f"corecpu-cache-{os.getuid()}"
+    notices.warn(f"HOME ({home}) does not exist and is not created; caching measurements and tokenized data in "
+                 f"{fallback} instead (set {CACHE_DIR} to choose the place)", per_host=True, env=env)
+    return fallback
 
 
 @contextlib.contextmanager

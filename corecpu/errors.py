@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gc
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
+
+from corecpu import address_space
 
 EXIT_USAGE = 2
 
@@ -13,17 +16,32 @@ class CoreCPUError(Exception):
     """A problem the user can fix. The message is one line: what is wrong, then what to do."""
 
 
+def os_problem(exc: OSError, path: Path) -> str:
+    """Why writing `path` failed, in words a user can act on. mkdir and open say "File exists" or "Not a
+    directory" when a directory on the way is a regular file; name that file instead."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        for parent in reversed(Path(path).parents):
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is a file where a directory is expected; remove or rename it"
+    return exc.strerror or str(exc)
+
+
 def die(message: str) -> NoReturn:
     print(f"corecpu: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USAGE)
 
 
 def run_cli(main: Callable[[], int | None]) -> NoReturn:
-    """Run `main`, turning CoreCPUError into a one-line message and exit code 2."""
+    """Run `main`, turning CoreCPUError, and running out of a `ulimit -v` (corecpu.address_space), into a
+    one-line message and exit code 2."""
     try:
         code = main()
     except CoreCPUError as exc:
         die(str(exc))
+    except (MemoryError, ImportError, OSError, RuntimeError) as exc:
+        if (line := address_space.memory_failure(exc)) is None:
+            raise
+        die(line)
     finally:
         # The interpreter's last garbage collection walks every torch/transformers object: 6 s of a 2-rank
         # tiny run's exit (0.7 s frozen), which a preempted job cannot spare. Nothing needs collecting now.

@@ -20,14 +20,13 @@ import json
 import math
 import statistics
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corecpu import cachefile, envvars
+from corecpu import cachefile, envvars, notices
 from corecpu.compute import PRECISIONS
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import CpuFeatures
@@ -290,8 +289,8 @@ def cached_speedup(path: Path, key: str) -> float | None:
         return None
     ratio = _valid(entry.get("bf16_speedup"))
     if ratio is None:
-        warnings.warn(f"corecpu: ignoring the damaged precision calibration in {path} (bf16_speedup "
-                      f"{entry.get('bf16_speedup')!r}); measuring again", RuntimeWarning, stacklevel=2)
+        notices.warn(f"ignoring the damaged precision calibration in {path} (bf16_speedup "
+                     f"{entry.get('bf16_speedup')!r}); measuring again", per_host=True)
     return ratio
 
 

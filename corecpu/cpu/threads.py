@@ -29,6 +29,7 @@ from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.cgroups import quota_threads, read_cpu_quota, read_cpuset
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
 from corecpu.cpu.node_plan import NodePlan
+from corecpu.errors import CoreCPUError
 
 BOUND_VAR, PLAN_NOTE_VAR, DECISION_VAR = envvars.BOUND_CPUS, envvars.PLAN_NOTE, envvars.THREADS_DECISION
 
@@ -124,6 +125,17 @@ def _decide_from_binding(
     return ThreadDecision(share, None, "cores divided by local ranks")
 
 
+def check_omp_num_threads(env: Mapping[str, str]) -> None:
+    """A set OMP_NUM_THREADS must be what OpenMP accepts: whole numbers >= 1, one per nesting level ("4" or
+    "4,1"). libgomp ignores anything else with a line of its own, and corecpu replaced it without a word."""
+    value = env.get("OMP_NUM_THREADS")
+    if value is None or value.strip() == "":
+        return
+    if not all(part.strip().isdigit() and int(part) > 0 for part in value.split(",")):
+        raise CoreCPUError(f"OMP_NUM_THREADS={value!r} is not a number of threads; export OMP_NUM_THREADS=4 "
+                           "(a whole number >= 1), or unset it and corecpu picks each rank's threads")
+
+
 def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int] | None = None,
                       node: NodePlan | None = None, *, env: MutableMapping[str, str]) -> ThreadDecision:
     """Apply decide_threads to this process. Call before any torch operation runs. `node` is this
@@ -133,6 +145,7 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
     OMP_NUM_THREADS, the decision and the comm thread's CPU. Pass os.environ in a rank (setup() does):
     OpenMP and child processes read the real one. A dict keeps a test's process untouched (the affinity
     and torch's thread count still change)."""
+    check_omp_num_threads(env)
     if affinity is None:
         affinity, _ = launcher_cpus(env)
     online = _online_cpus() or affinity

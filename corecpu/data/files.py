@@ -24,21 +24,45 @@ _COMPRESSED = {b"\x1f\x8b": ("gzip", "gunzip"), b"BZh": ("bzip2", "bunzip2"), b"
                b"(\xb5/\xfd": ("zstd", "unzstd"), b"PK\x03\x04": ("zip", "unzip")}
 
 
+# Longest first: UTF-32-LE's BOM begins with UTF-16-LE's. Each codec drops its own BOM.
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+         (b"\xfe\xff", "utf-16"), (b"\xef\xbb\xbf", "utf-8-sig"))
+
+
 def read_text(path: Path) -> str:
-    """The file decoded as UTF-8 (a BOM is dropped); a bad byte is reported by line and column."""
+    """The file's text: UTF-8, or UTF-16/32 when a byte-order mark says so (a BOM is dropped); a bad byte
+    is reported by line and column, with the `iconv -f` that fits what the bytes look like."""
     raw = path.read_bytes()
     for magic, (kind, tool) in _COMPRESSED.items():
         if raw.startswith(magic):
             raise CoreCPUError(f"data file '{path}' is {kind}-compressed, not text; decompress it first "
                                f"({tool} {path.name}) and pass the decompressed file")
+    codec = next((c for bom, c in _BOMS if raw.startswith(bom)), "utf-8-sig")
     try:
-        return raw.decode("utf-8-sig")
+        text = raw.decode(codec)
     except UnicodeDecodeError as exc:
+        if codec != "utf-8-sig":  # the BOM said UTF-16/32 and the rest disagrees: no line numbers in those bytes
+            raise CoreCPUError(f"data file '{path}' starts with a {codec.upper()} byte-order mark but is not valid "
+                               f"{codec.upper()} ({exc.reason} at byte {exc.start}); re-export it as UTF-8") from None
         line_start = raw.rfind(b"\n", 0, exc.start) + 1
         lineno = raw.count(b"\n", 0, exc.start) + 1
         raise CoreCPUError(f"data file '{path}' line {lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte "
                            f"{exc.start - line_start + 1} of the line: {exc.reason}); convert the file to UTF-8, "
-                           f"e.g. iconv -f latin1 -t utf-8") from None
+                           f"e.g. {_iconv_hint(raw, path)}") from None
+    if codec == "utf-8-sig" and "\x00" in text:  # valid UTF-8, but text files have no NULs: UTF-16 without a BOM
+        lineno = text.count("\n", 0, text.index("\x00")) + 1
+        raise CoreCPUError(f"data file '{path}' line {lineno}: NUL bytes, so not UTF-8 text; convert the file to "
+                           f"UTF-8, e.g. {_iconv_hint(raw, path)}")
+    return text
+
+
+def _iconv_hint(raw: bytes, path: Path) -> str:
+    """UTF-16 without a BOM shows as a NUL beside every ASCII character; latin1 is only a guess for the rest."""
+    head = raw[:4096]
+    if head.count(0) * 4 >= len(head):  # a quarter NULs: no 8-bit text looks like that
+        even, odd = head[0::2].count(0), head[1::2].count(0)
+        return f"iconv -f {'UTF-16BE' if even > odd else 'UTF-16LE'} -t UTF-8 {path.name}"
+    return f"iconv -f latin1 -t utf-8 {path.name} (if it is latin1; `file {path.name}` may name its encoding)"
 
 
 def _records(path: Path, fmt: str) -> Iterator[tuple[int, Any]]:

@@ -20,10 +20,11 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from corecpu import atomic
+from corecpu import atomic, envvars, notices
 from corecpu.data.tokenized import TokenizedDataset
 from corecpu.data.types import ClassificationData
 from corecpu.distributed.process_group import barrier
+from corecpu.errors import os_problem
 
 FORMAT_VERSION = 2  # 2: a digest of the contents, checked on every read
 T = TypeVar("T")
@@ -143,8 +144,9 @@ def cached_per_host(path: Path | None, build: Callable[[], T], state_of: Callabl
                 state = {"version": FORMAT_VERSION, **state_of(result)}
                 _write(path, {**state, "digest": state_digest(state)})
             except OSError as exc:
-                print(f"note: cannot write the tokenization cache {path} ({exc.strerror}); every rank tokenizes",
-                      file=sys.stderr, flush=True)
+                notices.warn(f"cannot write the tokenization cache in {path.parent} ({os_problem(exc, path)}); "
+                             f"every rank tokenizes for itself (or set {envvars.CACHE_DIR} to a writable directory)",
+                             per_host=True)
     wait()
     if result is None:
         result = _read(path, restore)

@@ -26,13 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
 
-from corecpu import envvars
+from corecpu import address_space, envvars
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.placement import PlanRequest, make_plan
 from corecpu.cpu.sharing import decide_binding, gather_evidence
+from corecpu.cpu.threads import check_omp_num_threads
 from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.rank_logs import failure_summary
+from corecpu.launching.torchrun import loopback_ip
 from corecpu.reliability.lifeline import END_JOB_SIGNAL
 
 USAGE = """usage: corecpu launch -n N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [--log-dir DIR] SCRIPT.py|train [ARGS...]
@@ -178,6 +180,7 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
     """Pure apart from `which` and `port`: the command and environment that start the job."""
     env: dict[str, str] = {}
     warnings: list[str] = []
+    check_omp_num_threads(environ)  # corecpu.bind replaces it per rank: say so now, not never
     if req.hostfile:
         hosts = read_hostfile(req.hostfile)
         ppn = req.ppn or -(-req.nranks // len(hosts))
@@ -220,8 +223,15 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         env["OMP_NUM_THREADS"] = "1"  # corecpu.bind replaces it per rank; this silences torchrun's notice
         # As --standalone (one node, a free port, a fresh rendezvous id), but every store on loopback:
         # torchrun through corecpu.launching.torchrun, whose stores for a loopback address listen there.
+        # A loopback MASTER_ADDR of the user's (127.0.0.2) is kept; any other would open the stores to the network.
+        addr = loopback_ip(env["MASTER_ADDR"])
+        if addr is None:
+            warnings.append(f"MASTER_ADDR={environ['MASTER_ADDR']} is not a loopback address; a one-host torchrun "
+                            "job keeps its stores on 127.0.0.1, unreachable from the network (use -f HOSTFILE "
+                            "with mpirun for several hosts)")
+            addr = "127.0.0.1"
         cmd = [python, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-               "127.0.0.1:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", "127.0.0.1",
+               f"{addr}:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", addr,
                "--nproc-per-node", str(req.nranks), "--no-python", *bind, *script]
     return LaunchPlan(cmd, env, local, warnings)
 
@@ -240,7 +250,7 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
 
     SIGTERM (scancel, pod eviction), SIGINT (Ctrl-C) and SIGUSR1 (sbatch --signal=USR1@60) are
     forwarded to the launcher, which passes them to every rank: the ranks stop at the next step,
-    save and exit 75. SIGHUP (the terminal went away) goes on as SIGTERM. The child runs in its
+    save and exit 75. SIGHUP (the terminal went away) goes on as itself, as SIGTERM to mpirun. The child runs in its
     own process group, so a terminal's Ctrl-C reaches it only through here (mpiexec.hydra aborts
     without saving on a second one). Ranks watch this PID and exit if it is killed outright.
     A rank whose watchdog found the job hung sends END_JOB_SIGNAL; what is left of the job after
@@ -254,7 +264,11 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
 
     def forward(signum: int, _frame: object) -> None:
-        sig, target = (signal.SIGTERM if signum == signal.SIGHUP else signum), child.pid
+        sig, target = signum, child.pid
+        if launcher == "mpirun" and sig == signal.SIGHUP:  # hydra dies of SIGHUP without passing it on
+            sig = signal.SIGTERM
+            print("corecpu launch: SIGHUP received; passed to the ranks as SIGTERM (Intel MPI does not forward "
+                  "SIGHUP): they stop after this step and save", file=sys.stderr, flush=True)
         if launcher == "mpirun":
             # mpirun is a shell script around mpiexec.hydra, which is the one that forwards to the ranks.
             target = next(iter(_children(child.pid, "mpiexec.hydra")), child.pid)
@@ -378,6 +392,8 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             except CoreCPUError as exc:  # the command above is still worth seeing
                 print(f"corecpu: error: {exc}", file=sys.stderr)
             return 0
+        if too_small := address_space.too_small():  # every rank inherits it: refuse before one starts
+            raise CoreCPUError(too_small)
         code = run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun")
         if code != 0 and req.log_dir:
             print("\n".join([f"corecpu launch: the job failed (exit {code}); rank logs in {req.log_dir}",

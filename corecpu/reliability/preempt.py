@@ -1,8 +1,8 @@
-"""Stop cleanly on preemption: SIGTERM, SIGINT (Ctrl-C) and SIGUSR1 save the run.
+"""Stop cleanly on preemption: SIGTERM, SIGINT (Ctrl-C), SIGUSR1 and SIGHUP save the run.
 
 Clusters announce the end of a job with a signal: Slurm's scancel and Kubernetes'
 pod eviction send SIGTERM, `sbatch --signal=USR1@60` sends SIGUSR1 a minute
-early, a person presses Ctrl-C. The first such signal only raises a flag; the
+early, a person presses Ctrl-C or closes the terminal (SIGHUP). The first such signal only raises a flag; the
 training loop asks `stop_requested_everywhere()` at each optimizer-step boundary,
 which agrees on the flag across ranks with one tiny all-reduce, so every rank
 stops after the same step, writes one checkpoint, and exits with EXIT_STOPPED.
@@ -37,7 +37,9 @@ from typing import Callable, NoReturn
 # epilogs can match it.
 EXIT_STOPPED = 75
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# SIGHUP: the terminal went away; `corecpu launch` stops the job for it as for SIGTERM, so a rank does too,
+# and names it (a rank under mpirun gets SIGTERM for it: hydra does not forward SIGHUP, the launcher says so).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
 
 # Slurm signals every process of a job step and the launcher forwards the same signal again, so one
 # preemption can arrive twice within milliseconds; only a repeat after this long means "exit now".
@@ -131,7 +133,7 @@ def _noop_handler(signum: int, frame: object) -> None:
 
 
 def install(announce: bool = False) -> StopState:
-    """Catch SIGTERM, SIGINT and SIGUSR1 from now on. Call once, from the main thread, before the loop.
+    """Catch SIGTERM, SIGINT, SIGUSR1 and SIGHUP from now on. Call once, from the main thread, before the loop.
 
     `announce`: print a line when the first signal arrives (pass True on rank 0 only).
     Replaces any wakeup fd set before (asyncio's, for one); corecpu's loop has none.

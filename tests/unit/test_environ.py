@@ -21,6 +21,7 @@ ALLOWED = {
     "corecpu.reporting.reporter": "Reporter(env=None): reporting's variables (CORECPU_TTY, launcher PID, trackers')",
     "corecpu.reporting.trackers": "MLflow refuses a file store unless MLFLOW_ALLOW_FILE_STORE is in the process env",
     "corecpu.envvars": "cache_dir(): the one reader of CORECPU_CACHE_DIR / XDG_CACHE_HOME",
+    "corecpu.notices": "warn(env=os.environ): which rank speaks, for warnings from code that has no env of setup()'s",
     "corecpu.data.hf": "datasets reads HF_*_OFFLINE from the process env at import: scoped() around it",
     "corecpu.distributed.shm_allreduce": "torch's cpp_extension and DeepSpeed's op read the process env: scoped()",
     "corecpu.distributed.allreduce": "MpiGradientAllreduce built without setup()'s node plan (tests, own loops)",

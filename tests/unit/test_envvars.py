@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
+import tempfile
 from pathlib import Path
 
 from corecpu import envvars
@@ -54,6 +56,23 @@ def test_cache_dir_order(tmp_path):
     assert envvars.cache_dir({envvars.CACHE_DIR: str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"}) == tmp_path / "c"
     assert envvars.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "corecpu"
     assert envvars.cache_dir({}).parts[-2:] == (".cache", "corecpu")
+    assert envvars.cache_dir({"HOME": str(tmp_path)}) == tmp_path / ".cache" / "corecpu"
+
+
+def test_a_home_that_does_not_exist_is_not_created(tmp_path, capsys, monkeypatch):
+    # Issue 30 case 11(c): the cache's mkdir(parents=True) created a missing HOME.
+    from corecpu import notices
+
+    monkeypatch.setattr(notices, "_said", set())
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    home = tmp_path / "nobody"
+    path = envvars.cache_dir({"HOME": str(home)})
+    path.mkdir(parents=True)  # what every cache writer does
+    assert not home.exists() and path == tmp_path / "tmp" / f"corecpu-cache-{os.getuid()}"
+    assert envvars.cache_dir({"HOME": str(home), "PMI_RANK": "1", "MPI_LOCALRANKID": "1"}) == path
+    err = capsys.readouterr().err
+    assert err == (f"corecpu: warning: HOME ({home}) does not exist and is not created; caching measurements and "
+                   f"tokenized data in {path} instead (set CORECPU_CACHE_DIR to choose the place)\n")
 
 
 def test_scoped_sets_unsets_and_restores_exactly():

@@ -184,7 +184,10 @@ def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, content):
 
 
 @pytest.mark.parametrize("ratio", ["fast", None, [1.2], True, -1.0])
-def test_a_damaged_entry_is_measured_again_and_named(tmp_path, ratio):
+def test_a_damaged_entry_is_measured_again_and_named(tmp_path, ratio, capsys, monkeypatch):
+    from corecpu import notices
+
+    monkeypatch.setattr(notices, "_said", set())
     resolve_precision("auto", ZEN, SHAPES, 1, tmp_path, measure=FakeMeasure(1.4))
     path = tmp_path / prec.CACHE_FILE
     data = json.loads(path.read_text())
@@ -192,39 +195,45 @@ def test_a_damaged_entry_is_measured_again_and_named(tmp_path, ratio):
     data["entries"][key]["bf16_speedup"] = ratio
     path.write_text(json.dumps(data))
     measure = FakeMeasure(0.8)
-    with pytest.warns(RuntimeWarning, match=f"damaged precision calibration in {path}"):
-        choice = resolve_precision("auto", ZEN, SHAPES, 1, tmp_path, measure=measure)
+    choice = resolve_precision("auto", ZEN, SHAPES, 1, tmp_path, measure=measure)
+    assert f"corecpu: warning: ignoring the damaged precision calibration in {path}" in capsys.readouterr().err
     assert (choice.name, choice.source, measure.calls) == ("fp32", "measured", 1)
     assert json.loads(path.read_text())["entries"][key]["bf16_speedup"] == 0.8  # replaced, so the next run is fine
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
-def test_unwritable_cache_dir_warns_once_and_still_decides(tmp_path, monkeypatch):
+def test_unwritable_cache_dir_warns_once_and_still_decides(tmp_path, monkeypatch, capsys):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    _unwritable_case(ro, monkeypatch)
+    assert "Permission denied" in _unwritable_case(ro, monkeypatch, capsys)
 
 
-def test_cache_dir_that_is_a_file_warns_once_and_still_decides(tmp_path, monkeypatch):
+def test_cache_dir_that_is_a_file_warns_once_and_still_decides(tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")  # a cache dir below a regular file cannot be created, even by root
-    _unwritable_case(blocker / "corecpu", monkeypatch)
+    line = _unwritable_case(blocker / "corecpu", monkeypatch, capsys)
+    assert f"{blocker} is a file where a directory is expected; remove or rename it" in line  # not "File exists"
 
 
-def _unwritable_case(directory, monkeypatch):
-    from corecpu import cachefile
+def _unwritable_case(directory, monkeypatch, capsys) -> str:
+    """The one warning line: plain (no file:line, no RuntimeWarning), once, and the run still decides."""
+    from corecpu import cachefile, notices
 
     monkeypatch.setattr(cachefile, "_warned", set())
+    monkeypatch.setattr(notices, "_said", set())
     monkeypatch.setenv("CORECPU_CACHE_DIR", str(directory))
-    with pytest.warns(RuntimeWarning, match="not caching"):
-        choice = resolve_precision("auto", ZEN, SHAPES, 1, measure=FakeMeasure(1.5))
-    assert choice.name == "bf16" and choice.source == "measured"
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the second failure is silent
+        warnings.simplefilter("error")  # nothing goes through Python's warnings (file:line, once per rank)
+        choice = resolve_precision("auto", ZEN, SHAPES, 1, measure=FakeMeasure(1.5))
+        assert choice.name == "bf16" and choice.source == "measured"
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("corecpu: warning: not caching the precision calibration in ")
         assert resolve_precision("auto", ZEN, SHAPES, 1, measure=FakeMeasure(1.5)).name == "bf16"
+        assert capsys.readouterr().err == ""  # the second failure is silent
+    return lines[0]
 
 
 def test_requested_skips_calibration_but_uses_a_cached_ratio_for_the_warning(tmp_path):

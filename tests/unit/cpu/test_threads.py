@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.threads import decide_threads
+from corecpu.errors import CoreCPUError
 
 ALL = frozenset(range(8))
 TWO_LOCAL = LaunchInfo("torchrun", 1, 2, 1, 2)
@@ -52,3 +57,22 @@ def test_configure_threads_writes_the_environment_it_is_given():
     d = configure_threads(LaunchInfo("single", 0, 1, 0, 1), threads, frozenset(os.sched_getaffinity(0)), env=env)
     assert env == {"OMP_NUM_THREADS": str(threads), DECISION_VAR: "--threads"} and d.threads == threads
 
+
+
+@pytest.mark.parametrize("value", ["banana", "0", "-2", "4,x", "2.5"])
+def test_a_bad_omp_num_threads_is_named_at_setup(value):
+    # Issue 30 case 11(e): OMP_NUM_THREADS=banana was replaced without a word.
+    from corecpu.cpu.threads import configure_threads
+
+    env = {"OMP_NUM_THREADS": value}
+    with pytest.raises(CoreCPUError, match=r"OMP_NUM_THREADS='.*' is not a number of threads; export OMP_NUM_THREADS=4"):
+        configure_threads(LaunchInfo("single", 0, 1, 0, 1), 1, frozenset(os.sched_getaffinity(0)), env=env)
+    assert env == {"OMP_NUM_THREADS": value}  # refused before anything was decided or written
+
+
+@pytest.mark.parametrize("value", ["", "4", "4,1", " 2 "])
+def test_what_openmp_accepts_passes(value):
+    from corecpu.cpu.threads import check_omp_num_threads
+
+    check_omp_num_threads({"OMP_NUM_THREADS": value})
+    check_omp_num_threads({})

@@ -337,3 +337,25 @@ def test_eval_by_length_runs_each_shard_longest_first_with_fillers_last() -> Non
             assert real == sorted(range(r, 7, world), key=lambda i: -lengths[i])
             assert all(ok for _, ok in s[:len(real)])  # fillers only after the real items
     assert [i for i, _ in EvalShardSampler(range(7), 1, 0, False, 0, 2)] == list(range(7))  # no lengths: data order
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"])
+def test_a_byte_order_mark_says_how_to_read_the_file(tmp_path, codec):
+    # Issue 30 case 9: a UTF-16 TSV was "not UTF-8 ... iconv -f latin1", advice that turns it into garbage.
+    path = tmp_path / "wide.tsv"
+    text = "sentence\tlabel\ncaf\u00e9 \u2713\t1\nb\t0\n"
+    body = text.encode(codec)
+    if codec.endswith(("-le", "-be")):  # these codecs write no BOM; a file from an editor has one
+        body = "\ufeff".encode(codec) + body
+    path.write_bytes(body)
+    assert load_file(path).texts == ["caf\u00e9 \u2713", "b"]
+
+
+def test_utf16_without_a_bom_names_the_right_iconv(tmp_path):
+    path = tmp_path / "nobom.tsv"
+    path.write_bytes("sentence\tlabel\na\t1\n".encode("utf-16-le"))
+    msg = error(load_file, path)
+    assert "iconv -f UTF-16LE -t UTF-8" in msg and "latin1" not in msg
+    bad = tmp_path / "badbom.tsv"
+    bad.write_bytes(b"\xff\xfe" + "sentence\tlabel\n".encode("utf-16-le") + b"\x00\xdc")  # a lone low surrogate
+    assert "UTF-16 byte-order mark" in error(load_file, bad)

@@ -177,3 +177,18 @@ def test_a_cache_file_whose_ids_rotted_is_rebuilt(tmp_path, capsys):
     assert "does not match its checksum (a damaged file); tokenizing again" in capsys.readouterr().err
     fixed = tokenize_cached(small_data(), tok, 4, tmp_path, local_rank=0, wait=lambda: None)
     assert fixed.input_ids == clean and tok.calls == 2  # the rewritten file verifies
+
+
+def test_a_file_where_the_cache_directory_belongs_is_named(tmp_path, capsys, monkeypatch):
+    # Issue 30 case 11(b): "cannot write the tokenization cache ... (File exists)" hid the real problem.
+    from corecpu import notices
+
+    monkeypatch.setattr(notices, "_said", set())
+    (tmp_path / "tokenized").write_text("")  # what a user's `touch ~/.cache/corecpu/tokenized` leaves
+    tok = CountingTokenizer()
+    data = tokenize_cached(small_data(), tok, 4, tmp_path / "tokenized", local_rank=0, wait=lambda: None)
+    assert data.input_ids[0] == [1, 97, 98, 2]
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"corecpu: warning: cannot write the tokenization cache in {tmp_path / 'tokenized'} (") and "\n" not in err
+    assert f"{tmp_path / 'tokenized'} is a file where a directory is expected; remove or rename it" in err
+    assert "File exists" not in err

@@ -70,3 +70,10 @@ def test_a_hostfile_host_that_does_not_resolve_is_one_line(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"corecpu: error: {unresolved_host(str(hostfile), ['no-such-node.invalid'])}"]
+
+
+def test_a_bad_omp_num_threads_is_refused_before_any_rank_starts():
+    # Issue 30 case 11(e): corecpu.bind replaced OMP_NUM_THREADS=banana in every rank without a word.
+    with pytest.raises(CoreCPUError, match="OMP_NUM_THREADS='banana' is not a number of threads"):
+        plan_launch(LaunchRequest(2, "train.py"), {"OMP_NUM_THREADS": "banana"}, "python", 8,
+                    which=lambda n: "/x/" + n, port=lambda: 1)

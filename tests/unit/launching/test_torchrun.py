@@ -57,6 +57,25 @@ def test_launch_runs_torchrun_through_it_on_loopback(tmp_path):
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "127.0.0.1:0" and cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"
 
 
+
+def test_the_users_master_addr_is_kept_or_the_reason_said(tmp_path):
+    # Issue 30 case 10: MASTER_ADDR=127.0.0.2 became 127.0.0.1 under torchrun without a word.
+    script = tmp_path / "loop.py"
+    script.write_text("")
+
+    def plan(addr: str):
+        return plan_launch(parse_args(["-n", "2", "--launcher", "torchrun", str(script)]), {"MASTER_ADDR": addr},
+                           sys.executable, usable_cpus=8, which=lambda n: "/x/" + n, port=lambda: 1)
+
+    kept = plan("127.0.0.2")
+    assert kept.command[kept.command.index("--rdzv-endpoint") + 1] == "127.0.0.2:0"
+    assert kept.command[kept.command.index("--local-addr") + 1] == "127.0.0.2" and kept.warnings == []
+    assert plan("localhost").warnings == []
+    other = plan("192.0.2.7")  # not loopback: torchrun's stores would listen on the network
+    assert other.command[other.command.index("--local-addr") + 1] == "127.0.0.1"
+    assert len(other.warnings) == 1 and "MASTER_ADDR=192.0.2.7 is not a loopback address" in other.warnings[0]
+
+
 def test_the_failed_rank_is_named_in_one_line():
     assert failed_rank_line(1, -9, 4242, "node-a") == ("corecpu: error: rank 1 (pid 4242) on node-a was killed by "
                                                       "SIGKILL; torchrun ended the job")

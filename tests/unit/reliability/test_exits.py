@@ -80,3 +80,30 @@ def test_a_hung_job_that_ends_by_itself_keeps_its_own_exit_code():
             f"print(launch.run_forwarding_signals([sys.executable, '-c', {job!r}], {{}}, 'mpirun'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "3", out.stderr
+
+
+HUP_JOB = ("import os, signal, time; from corecpu.reliability import preempt; preempt.install(); "
+           "os.kill(int(os.environ['CORECPU_LAUNCHER_PID']), signal.SIGHUP); t = time.monotonic()\n"
+           "while not preempt.stop_requested() and time.monotonic() - t < 20: time.sleep(0.05)\n"
+           "print(preempt.stop_line(preempt.stop_requested(), 7, 'step-7')); raise SystemExit(75)")
+
+
+def test_sighup_is_named_as_itself_or_the_launcher_says_why_not():
+    # Issue 30 case 11(d): a closed terminal (SIGHUP) ended as "stopped by SIGTERM", with no word of SIGHUP.
+    def run(launcher: str) -> subprocess.CompletedProcess:
+        code = ("import sys; from corecpu.launching import launch; "
+                f"sys.exit(launch.run_forwarding_signals([sys.executable, '-c', {HUP_JOB!r}], {{}}, {launcher!r}))")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+    torchrun = run("torchrun")  # torchrun's agent passes the signal it got on to every worker
+    assert torchrun.returncode == 75 and torchrun.stdout.startswith("stopped by SIGHUP at step 7"), torchrun.stderr
+    mpirun = run("mpirun")
+    assert mpirun.returncode == 75 and mpirun.stdout.startswith("stopped by SIGTERM at step 7"), mpirun.stderr
+    assert mpirun.stderr == ("corecpu launch: SIGHUP received; passed to the ranks as SIGTERM (Intel MPI does not "
+                             "forward SIGHUP): they stop after this step and save\n")
+
+
+def test_a_rank_stops_and_saves_on_sighup():
+    state = preempt.StopState()
+    assert preempt.on_signal(state, signal.SIGHUP, now=0.0) == "stop"
+    assert preempt.stop_line(state.signum, 3, "step-3").startswith("stopped by SIGHUP at step 3")
