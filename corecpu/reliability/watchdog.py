@@ -183,6 +183,8 @@ class Watchdog:
         ]
         for t in self._threads:
             t.start()
+        global _running
+        _running = self
         return self
 
     def progress(self, step: int) -> None:
@@ -211,6 +213,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stopping.set()
+        # Not cleared here: an exception escaping the loop closes it before sys.excepthook reads current_step().
 
     @property
     def timeout_s(self) -> float:
@@ -349,6 +352,15 @@ def _set_gloo_timeout(seconds: float) -> None:
     except ImportError:  # private API (torch 2.2+); the watchdog works without it
         return
     _set_pg_timeout(timedelta(seconds=seconds) if seconds > 0 else COLLECTIVE_TIMEOUT)
+
+
+_running: Watchdog | None = None  # this process's latest watchdog: its step names where an uncaught exception hit
+
+
+def current_step() -> int | None:
+    """The optimizer step this process was in (the last one done + 1) when its watchdog last ran; None before
+    any loop (read by lifeline's exception hook for the launcher's report)."""
+    return None if _running is None else _running._step + 1
 
 
 class NullWatchdog:
