@@ -161,14 +161,17 @@ class JobWatch:
     """The thread that reads the ranks' records while the launcher child runs. `say` prints one line."""
 
     def __init__(self, job_dir: Path, child_pid: int, say: Callable[[str], None],
-                 output_dir: str | None = None) -> None:
+                 output_dir: str | None = None, end_on_failure: bool = True) -> None:
+        """`end_on_failure`: name a failed rank and end the job (not under torchrun, whose agent does that)."""
         self.job_dir, self.child_pid, self._say, self.output_dir = job_dir, child_pid, say, output_dir
+        self.end_on_failure = end_on_failure
         self.code: int | None = None  # the job's exit code when this watch ended it
         self.exited_without_saving = False
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._deadline: float | None = None
         self._stop_signal = 0
+        self._hung = False  # a rank's watchdog asked to end the job: ranks killed now are the hang's doing
         self._stop_at = 0.0
         self._stop_wall = 0.0
         self._thread = threading.Thread(target=self._run, name="corecpu-job-watch", daemon=True)
@@ -197,6 +200,10 @@ class JobWatch:
         timer.daemon = True
         timer.start()
         return False
+
+    def job_hung(self) -> None:
+        """A rank's watchdog found the job hung (END_JOB_SIGNAL): it named the rank and ends the job itself."""
+        self._hung = True
 
     def _signal_ranks(self, signum: int) -> None:
         for rec in self.records().values():
@@ -234,11 +241,11 @@ class JobWatch:
             if deadline is not None and time.monotonic() >= deadline:
                 self._end(128 + stopping, self._stop_line(stopping))
                 return
-            if stopping or cause(self.records()) is None:
+            if stopping or self._hung or not self.end_on_failure or cause(self.records()) is None:
                 continue  # while stopping, ranks that end are doing what they were asked
             time.sleep(CAUSE_WAIT_S)
             rec = cause(self.records())
-            if rec is not None and not self._stop_signal:
+            if rec is not None and not self._stop_signal and not self._hung:
                 self._end(exit_code(rec), failed_rank_line(rec))
                 return
 

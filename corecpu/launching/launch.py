@@ -261,7 +261,8 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     except OSError as exc:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
-    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir).start()
+    # torchrun's agent already ends the job when a worker fails, and names it (corecpu.launching.torchrun).
+    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir, end_on_failure=launcher == "mpirun").start()
 
     def forward(signum: int, _frame: object) -> None:
         sig, target = (signal.SIGTERM if signum == signal.SIGHUP else signum), child.pid
@@ -289,6 +290,7 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
         # gone within seconds; a stopped one on another host is not, and hydra waits for it. Killing the
         # launcher's processes (mpirun, mpiexec.hydra, this host's proxy and ranks) drops each remote
         # proxy's link, and its ranks die with it (PDEATHSIG, which a stopped process obeys).
+        watch.job_hung()
         if not timers:
             timers.append(threading.Timer(END_JOB_GRACE_S, tear_down))
             timers[0].daemon = True

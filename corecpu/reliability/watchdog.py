@@ -264,13 +264,14 @@ class Watchdog:
         self.fired = line
         if reporter == self.rank:
             _say(f"corecpu: error: {line}; ending the job")
+            self._end_job()  # first: `corecpu launch` then takes the kill below for the hang's, not a failure
             # A stopped process ignores everything but SIGKILL, and mpiexec.hydra waits for it forever.
             for r in stopped_ranks(before, after, self.world_size):
                 if self._hosts.get(r) == self.host and r in self._pids:
                     kill_if_same_program(self._pids[r])
         else:
             sleep(REPORTER_HEAD_START_S)
-        self._end_job()
+            self._end_job()
         self._exit(EXIT_HUNG)
         return True
 
@@ -302,12 +303,13 @@ class Watchdog:
         alive = [r for r in range(self.world_size) if r not in stale]
         if self.rank == min(alive, default=self.rank):
             _say(f"corecpu: error: {line}; ending the job")
+            self._end_job()  # first, as in check_once
             for r in stale:
                 if self._hosts.get(r) == self.host and r in self._pids:
                     kill_if_same_program(self._pids[r])
         else:
             time.sleep(REPORTER_HEAD_START_S)
-        self._end_job()
+            self._end_job()
         self._exit(EXIT_HUNG)
         return True
 

@@ -24,7 +24,8 @@ def test_records_round_trip_and_say_who_failed(tmp_path):
     assert job_records.note(env, 0, "pid", "4242 host-a") and job_records.note(env, 0, "up")
     assert job_records.note(env, 1, "pid", "4343 host-a")
     assert job_records.note(env, 1, "error", uncaught_record(RuntimeError("bad\nthe last line"), 5))
-    assert not job_records.note({}, 0, "up") and not job_records.note({envvars.JOB_DIR: str(tmp_path / "gone")}, 0, "up")
+    assert not job_records.note({}, 0, "up")
+    assert not job_records.note({envvars.JOB_DIR: str(tmp_path / "gone")}, 0, "up")  # another host: no such dir
     recs = job_records.read(tmp_path)
     assert recs[0] == RankRecord(0, pid=4242, host="host-a", up=True)
     assert recs[1].error == "RuntimeError: the last line" and recs[1].step == 5 and recs[1].code == 1
