@@ -44,8 +44,15 @@ CAUSE_WAIT_S = 0.5  # after a first bad end, the others' records this long: the 
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def make_job_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="corecpu-job-"))
+def make_job_dir(root: str | None = None) -> Path:
+    """A fresh directory named after this launcher's PID. Those of launchers that are gone (killed outright, so
+    they could not remove theirs) are removed first."""
+    root = root or tempfile.gettempdir()
+    for old in Path(root).glob("corecpu-job-*-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"corecpu-job-{os.getpid()}-", dir=root))
 
 
 def become_subreaper() -> bool:

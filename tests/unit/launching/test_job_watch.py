@@ -107,3 +107,13 @@ def test_kill_job_leaves_no_descendant():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["2", "0"], out.stderr  # the orphans came back, then went
+
+
+def test_a_killed_launcher_s_job_dir_goes_with_the_next_launch(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"corecpu-job-{gone.stdout.strip()}-abc"  # its PID no longer exists
+    live = tmp_path / f"corecpu-job-{os.getppid()}-def"  # a launcher still running
+    stale.mkdir(), live.mkdir()
+    (stale / "rank-0.pid").write_text("1 h")
+    fresh = job_watch.make_job_dir(str(tmp_path))
+    assert fresh.name.startswith(f"corecpu-job-{os.getpid()}-") and not stale.exists() and live.exists()
