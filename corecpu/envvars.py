@@ -35,6 +35,7 @@ BINDING = "CORECPU_BINDING"  # core|numa: how tightly bind pins a rank (launch.s
 BINDING_REASON = "CORECPU_BINDING_REASON"  # why: the launcher's evidence (CPUs busy at start, exclusivity signs)
 CPUS_BUSY = "CORECPU_CPUS_BUSY"  # the allowed CPUs launch.sh measured busy just before starting the ranks ("" = idle)
 LOG_DIR = "CORECPU_LOG_DIR"  # --log-dir: corecpu.bind sends the rank's stdout and stderr to DIR/rank-N.log
+JOB_DIR = "CORECPU_JOB_DIR"  # a directory per job where ranks on the launcher's host leave records (cluster.job_records)
 
 # Set by the user. Where corecpu caches (precision calibrations, tokenized data, the IPEX tier's env).
 CACHE_DIR = "CORECPU_CACHE_DIR"
@@ -49,7 +50,7 @@ CCL_STRESS_STEPS = "CORECPU_CCL_STRESS_STEPS"
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
+ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, JOB_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        CCL_STRESS_STEPS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 

@@ -26,8 +26,22 @@ def os_problem(exc: OSError, path: Path) -> str:
     return exc.strerror or str(exc)
 
 
+_on_die: list[Callable[[str], None]] = []
+
+
+def on_die(hook: Callable[[str], None]) -> None:
+    """Call `hook(message)` when this process dies of a CoreCPUError, after its line is printed (a rank tells its
+    launcher: corecpu.reliability.lifeline). A hook that fails is ignored: the exit must happen."""
+    _on_die.append(hook)
+
+
 def die(message: str) -> NoReturn:
     print(f"corecpu: error: {message}", file=sys.stderr, flush=True)
+    for hook in list(_on_die):
+        try:
+            hook(message)
+        except Exception:  # noqa: BLE001
+            pass
     raise SystemExit(EXIT_USAGE)
 
 

@@ -41,6 +41,7 @@ from corecpu.distributed import BACKENDS
 from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import CCL, Extension, ccl_installed, ccl_status, installed_version
+from corecpu.cluster import job_records
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.cluster.listeners import listen_on, wildcard_listener_on
 
@@ -391,6 +392,7 @@ def init_distributed(
     if agent_store and all_local and info.rank == 0 and (problem := open_agent_store(port)):
         log.warning(problem)
     store, chosen, reason = _connect(info, pg, ip, startup_timeout_s, all_local, agent_store, decide)
+    job_records.note(env, info.rank, "up")  # `corecpu launch`: start-up is over (a stop signal can now save)
     return replace(pg, backend=chosen, backend_reason=reason, store=store, ccl_skipped=bool(skipped))
 
 

@@ -17,12 +17,14 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import replace
 from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
+from corecpu.cluster import job_records
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.cpu.node_plan import plan_backend, plan_binding, plan_rank, rank_environment
@@ -124,6 +126,49 @@ def _numactl_works(prefix: list[str], env: dict[str, str]) -> bool:
         return False
 
 
+# What hydra (or a person) sends the supervisor goes on to the rank.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT)
+
+
+def exec_supervised(cmd: list[str], env: dict[str, str], rank: int) -> NoReturn:
+    """Run the rank as a child and stay its parent, to say how it ended (CORECPU_JOB_DIR's rank-N.ended).
+
+    Intel MPI's mpiexec.hydra waits for every rank whatever one of them did: a rank killed during start-up
+    (SIGKILL, the OOM killer) or refusing to start left the others waiting for their whole timeout, and hydra
+    reports nothing until the end. Only a rank's parent learns its exit status; `corecpu launch` reads the
+    record, names the rank and ends the job. This process forwards every signal it gets to the rank, exits
+    with the rank's code (128+N for signal N), and dies with its own parent (PDEATHSIG), the rank with it."""
+    child = 0
+
+    def forward(signum: int, _frame: object) -> None:
+        if child > 0:
+            try:
+                os.kill(child, signum)
+            except ProcessLookupError:
+                pass
+
+    for signum in FORWARDED:  # before fork: no signal may find the supervisor without its handler
+        signal.signal(signum, forward)
+    child = os.fork()
+    if child == 0:
+        try:
+            for signum in FORWARDED:
+                signal.signal(signum, signal.SIG_DFL)
+            die_with_parent()
+            os.execvpe(cmd[0], cmd, env)
+        finally:
+            os._exit(127)  # exec failed (checked before): nothing else of this process may run
+    job_records.note(env, rank, "pid", f"{child} {socket.gethostname()}")
+    _, status = os.waitpid(child, 0)  # PEP 475: retried after each forwarded signal
+    code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
+    if code:
+        job_records.note(env, rank, "ended", f"signal {-code}" if code < 0 else f"exit {code}")
+    # As a shell reports it: mpiexec.hydra would print a "BAD TERMINATION" block for a rank killed by a signal,
+    # while `corecpu launch` names the rank in one line.
+    os._exit(128 - code if code < 0 else code)
+
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     def run() -> int:
         cmd, env, cpus, messages = prepare(sys.argv[1:] if argv is None else argv, dict(os.environ))
@@ -147,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # ignored across fork and exec: the rank gets them back, to stop (and save) on them.
         for signum in LAUNCHER_IGNORES:
             signal.signal(signum, signal.SIG_DFL)
+        info = detect_launcher(env)
+        if info.mpi_world and job_records.note(env, info.rank, "pid", f"{os.getpid()} {socket.gethostname()}"):
+            exec_supervised(cmd, env, info.rank)  # under `corecpu launch`'s mpirun: see exec_supervised
+        job_records.note(env, info.rank, "pid", f"{os.getpid()} {socket.gethostname()}")  # the same PID after exec
         try:
             os.execvpe(cmd[0], cmd, env)
         except OSError as exc:

@@ -33,6 +33,7 @@ from corecpu.cpu.sharing import decide_binding, gather_evidence
 from corecpu.cpu.threads import check_omp_num_threads
 from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, run_cli
+from corecpu.launching import job_watch
 from corecpu.launching.rank_logs import failure_summary
 from corecpu.launching.torchrun import loopback_ip
 from corecpu.reliability.lifeline import END_JOB_SIGNAL
@@ -50,6 +51,7 @@ SCRIPT.py and everything after it: the training script and its arguments; `train
 TRAIN = "train"
 TRAIN_MODULE = "corecpu.train"
 DEFAULT_MULTIHOST_PORT = 29500
+TRAIN_OUTPUT_DIR = "runs/default"  # train.py's --output-dir default (corecpu.training.config)
 TORCHRUN_MODULE = "corecpu.launching.torchrun"  # torchrun with its stores on loopback
 # After a rank asks to end a hung job (END_JOB_SIGNAL), the job gets this long to end by itself (the watchdog's
 # other ranks wait 5 s so that the reporter is heard) before the launcher kills what is left of it.
@@ -245,23 +247,32 @@ def _script_option(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
-def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: str) -> int:
+def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: str,
+                           output_dir: str | None = None) -> int:
     """Run the launcher as a child and stay the process a scheduler or a person signals.
 
     SIGTERM (scancel, pod eviction), SIGINT (Ctrl-C) and SIGUSR1 (sbatch --signal=USR1@60) are
     forwarded to the launcher, which passes them to every rank: the ranks stop at the next step,
     save and exit 75. SIGHUP (the terminal went away) goes on as itself, as SIGTERM to mpirun. The child runs in its
     own process group, so a terminal's Ctrl-C reaches it only through here (mpiexec.hydra aborts
-    without saving on a second one). Ranks watch this PID and exit if it is killed outright.
-    A rank whose watchdog found the job hung sends END_JOB_SIGNAL; what is left of the job after
-    END_JOB_GRACE_S is killed (a stopped rank on another host included) and the exit code is EXIT_HUNG.
+    without saving on a second one, so a second signal goes to the ranks themselves). Ranks watch
+    this PID and exit if it is killed outright. The job ends within a bounded grace of a stop
+    signal, and a rank that ends badly ends it at once, named (job_watch: `output_dir`, where a
+    job that exited without saving has its checkpoints). A rank whose watchdog found the job hung
+    sends END_JOB_SIGNAL; what is left of the job after END_JOB_GRACE_S is killed (a stopped rank
+    on another host included) and the exit code is EXIT_HUNG. Nothing of the job outlives this.
     Returns the launcher's exit code (128+N if a signal killed it).
     """
-    env = {**env, envvars.LAUNCHER_PID: str(os.getpid())}
+    job_dir = job_watch.make_job_dir()
+    env = {**env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.JOB_DIR: str(job_dir)}
+    job_watch.become_subreaper()
     try:
         child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_launcher_child)
     except OSError as exc:
+        shutil.rmtree(job_dir, ignore_errors=True)
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
+    # torchrun's agent already ends the job when a worker fails, and names it (corecpu.launching.torchrun).
+    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir, end_on_failure=launcher == "mpirun").start()
 
     def forward(signum: int, _frame: object) -> None:
         sig, target = signum, child.pid
@@ -269,6 +280,8 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
             sig = signal.SIGTERM
             print("corecpu launch: SIGHUP received; passed to the ranks as SIGTERM (Intel MPI does not forward "
                   "SIGHUP): they stop after this step and save", file=sys.stderr, flush=True)
+        if not watch.stop_signal(sig):
+            return  # a second one: the watch passes it to the ranks themselves
         if launcher == "mpirun":
             # mpirun is a shell script around mpiexec.hydra, which is the one that forwards to the ranks.
             target = next(iter(_children(child.pid, "mpiexec.hydra")), child.pid)
@@ -284,13 +297,14 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     def tear_down() -> None:
         if child.poll() is None:
             torn_down.set()
-            _kill_group(child.pid)
+            job_watch.kill_job(keep=child.pid)
 
     def end_job(_signum: int, _frame: object) -> None:
         # A rank's watchdog found the job hung and said which rank, in one line. The ranks it could reach are
         # gone within seconds; a stopped one on another host is not, and hydra waits for it. Killing the
-        # launcher's process group (mpirun, mpiexec.hydra, this host's proxy and ranks) drops each remote
+        # launcher's processes (mpirun, mpiexec.hydra, this host's proxy and ranks) drops each remote
         # proxy's link, and its ranks die with it (PDEATHSIG, which a stopped process obeys).
+        watch.job_hung()
         if not timers:
             timers.append(threading.Timer(END_JOB_GRACE_S, tear_down))
             timers[0].daemon = True
@@ -300,18 +314,20 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(signum, forward)
     signal.signal(END_JOB_SIGNAL, end_job)
-    code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
-    for timer in timers:
-        timer.cancel()
-    if torn_down.is_set():
-        return EXIT_HUNG
-    return 128 - code if code < 0 else code
-
-
-def _kill_group(pgid: int) -> None:
+    code = 1
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
+    finally:
+        for timer in timers:
+            timer.cancel()
+        code = watch.finish(128 - code if code < 0 else code)
+    return EXIT_HUNG if torn_down.is_set() and watch.code is None else code
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
         pass
 
 
@@ -394,7 +410,10 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             return 0
         if too_small := address_space.too_small():  # every rank inherits it: refuse before one starts
             raise CoreCPUError(too_small)
-        code = run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun")
+        train = Path(req.script).name == "train.py"
+        output_dir = (_script_option(req.script_args, "--output-dir") or TRAIN_OUTPUT_DIR) if train else None
+        code = run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun",
+                                      output_dir)
         if code != 0 and req.log_dir:
             print("\n".join([f"corecpu launch: the job failed (exit {code}); rank logs in {req.log_dir}",
                              *failure_summary(req.log_dir)]), file=sys.stderr, flush=True)

@@ -15,7 +15,8 @@ single-host, with `--local-addr 127.0.0.1` so that the workers' store is on loop
 
 A rank that fails ends the job with one line naming it, then torchrun's summary; torchrun's
 own main would wrap that summary in a traceback of its internals, and its agent would stop
-the other ranks with SIGTERM (see kill_survivors_of_a_failure).
+the other ranks with SIGTERM (see kill_survivors_of_a_failure). A stop signal to the agent
+ends it with 75 when every rank saved (torchrun's own: a SignalException traceback and 1).
 """
 
 from __future__ import annotations
@@ -83,6 +84,17 @@ def failed_rank_line(rank: int, exitcode: int, pid: int, host: str) -> str:
     return f"corecpu: error: rank {rank} (pid {pid}) on {host} {how}; torchrun ended the job"
 
 
+_closed_codes: dict[int, int | None] = {}  # local rank -> exit code, as the agent's last close() left them
+
+
+def stopped_code(codes: dict[int, int | None], signum: int) -> int:
+    """Pure: torchrun's exit code after a stop signal reached its agent. 75 when every worker stopped on request
+    and saved (as under mpirun: a requeue rule needs it), else 128+N, as a shell reports a signal."""
+    if codes and all(code == EXIT_STOPPED for code in codes.values()):
+        return EXIT_STOPPED
+    return 128 + signum
+
+
 def kill_survivors_of_a_failure() -> None:
     """When a rank fails, torchrun's agent stops the others with SIGTERM: corecpu's ranks take that for a stop
     request, announce a checkpoint they cannot write (it needs every rank), and print a traceback when their
@@ -105,6 +117,9 @@ def kill_survivors_of_a_failure() -> None:
             death_sig = signal.SIGKILL if failed else signal.SIGTERM
         close(self, death_sig, timeout)
 
+        handlers = getattr(self, "subprocess_handlers", {}) or {}
+        _closed_codes.update({rank: h.proc.returncode for rank, h in handlers.items()})
+
     api.PContext.close = close_failed  # type: ignore[method-assign]
     # Its "Sending process N closing signal" and "failed (exitcode: -9)" lines: the summary below says it once.
     logging.getLogger(api.__name__).setLevel(logging.CRITICAL)
@@ -114,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     patch_tcpstore()
     kill_survivors_of_a_failure()
     # After the patch: torchrun's modules import TCPStore by name.
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -127,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(failed_rank_line(rank, failure.exitcode, failure.pid, socket.gethostname()), file=sys.stderr)
         print(exc.format_msg().strip("\n"), file=sys.stderr, flush=True)
         raise SystemExit(1) from None
+    except SignalException as exc:
+        # The agent passed the signal to every worker and waited for them (scancel signals every process, the
+        # agent included); torchrun's own main prints this as a traceback and exits 1. The ranks said the rest.
+        raise SystemExit(stopped_code(_closed_codes, int(exc.sigval))) from None
 
 
 if __name__ == "__main__":

@@ -28,9 +28,11 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
+from corecpu.cluster import job_records
 from corecpu.cluster.launchers import detect_launcher
 from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.envvars import LAUNCHER_PID as LAUNCHER_PID_VAR
+from corecpu.errors import on_die
 from corecpu.reliability import preempt
 
 PR_SET_PDEATHSIG = 1
@@ -159,9 +161,22 @@ def peer_lost_line(rank: int, error: BaseException) -> str | None:
             "that rank ended first, and the launcher's report names it")
 
 
-def quiet_lost_peer(rank: int) -> None:
+def uncaught_record(error: BaseException, step: int | None) -> str:
+    """Pure: the "error" record of an exception nothing caught (exit code 1): its type and its message's last line."""
+    lines = str(error).strip().splitlines()
+    return job_records.error_record(step, 1, f"{type(error).__name__}{': ' + lines[-1].strip() if lines else ''}")
+
+
+def _current_step() -> int | None:
+    # The watchdog module needs torch; a rank that never imported it has no loop, hence no step.
+    dog = sys.modules.get("corecpu.reliability.watchdog")
+    return getattr(dog, "current_step", lambda: None)()
+
+
+def quiet_lost_peer(rank: int, env: Mapping[str, str] | None = None) -> None:
     """A rank whose collective meets a rank that died (SIGKILL, the OOM killer) prints one line instead of a
-    traceback through torch's internals; the launcher names the rank that died."""
+    traceback through torch's internals; the launcher names the rank that died. Any exception nothing caught
+    is left in `env`'s job directory (cluster.job_records) for the launcher's report: its last line and step."""
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
@@ -172,6 +187,12 @@ def quiet_lost_peer(rank: int) -> None:
             # init_process_group wraps this hook to prefix "[rankN]: " to what it writes to sys.stderr: the
             # line goes to the real stderr, as written.
             print(line, file=sys.__stderr__, flush=True)
+        if env is not None:  # after the traceback: the launcher may end the job as soon as it reads this
+            try:
+                record = uncaught_record(value, _current_step())
+            except Exception:  # noqa: BLE001 - the report is a courtesy
+                record = job_records.error_record(None, 1, kind.__name__)
+            job_records.note(env, rank, "lost" if line is not None else "error", record)
 
     sys.excepthook = hook
 
@@ -189,8 +210,11 @@ def install(env: Mapping[str, str], launched: bool = True) -> None:
     survives its shell. A rank hydra started without corecpu.bind stops the proxy's 0.0.0.0 listener it
     inherited (corecpu.cluster.listeners). A collective that fails because another rank died is one line."""
     close_inherited_wildcard_listeners(env)
+    if launched:  # a CoreCPUError's line is printed; the launcher ends the job (MPI_Finalize would wait for it)
+        rank = detect_launcher(env).rank
+        on_die(lambda _message: job_records.note(env, rank, "error", job_records.error_record(_current_step(), 2)))
     if launched and parent_death_signal() == 0:
         die_with_parent()
     watch_launcher(env)
     if launched:
-        quiet_lost_peer(detect_launcher(env).rank)
+        quiet_lost_peer(detect_launcher(env).rank, env)

@@ -183,6 +183,8 @@ class Watchdog:
         ]
         for t in self._threads:
             t.start()
+        global _running
+        _running = self
         return self
 
     def progress(self, step: int) -> None:
@@ -211,6 +213,7 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stopping.set()
+        # Not cleared here: an exception escaping the loop closes it before sys.excepthook reads current_step().
 
     @property
     def timeout_s(self) -> float:
@@ -261,13 +264,14 @@ class Watchdog:
         self.fired = line
         if reporter == self.rank:
             _say(f"corecpu: error: {line}; ending the job")
+            self._end_job()  # first: `corecpu launch` then takes the kill below for the hang's, not a failure
             # A stopped process ignores everything but SIGKILL, and mpiexec.hydra waits for it forever.
             for r in stopped_ranks(before, after, self.world_size):
                 if self._hosts.get(r) == self.host and r in self._pids:
                     kill_if_same_program(self._pids[r])
         else:
             sleep(REPORTER_HEAD_START_S)
-        self._end_job()
+            self._end_job()
         self._exit(EXIT_HUNG)
         return True
 
@@ -299,12 +303,13 @@ class Watchdog:
         alive = [r for r in range(self.world_size) if r not in stale]
         if self.rank == min(alive, default=self.rank):
             _say(f"corecpu: error: {line}; ending the job")
+            self._end_job()  # first, as in check_once
             for r in stale:
                 if self._hosts.get(r) == self.host and r in self._pids:
                     kill_if_same_program(self._pids[r])
         else:
             time.sleep(REPORTER_HEAD_START_S)
-        self._end_job()
+            self._end_job()
         self._exit(EXIT_HUNG)
         return True
 
@@ -349,6 +354,15 @@ def _set_gloo_timeout(seconds: float) -> None:
     except ImportError:  # private API (torch 2.2+); the watchdog works without it
         return
     _set_pg_timeout(timedelta(seconds=seconds) if seconds > 0 else COLLECTIVE_TIMEOUT)
+
+
+_running: Watchdog | None = None  # this process's latest watchdog: its step names where an uncaught exception hit
+
+
+def current_step() -> int | None:
+    """The optimizer step this process was in (the last one done + 1) when its watchdog last ran; None before
+    any loop (read by lifeline's exception hook for the launcher's report)."""
+    return None if _running is None else _running._step + 1
 
 
 class NullWatchdog:

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -87,3 +88,28 @@ def test_duplicate_delivery_is_one_signal(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0 and proc.stdout.strip() == str(int(signal.SIGTERM)), proc.stderr
+
+
+def test_sigint_twice_ends_with_a_last_line_and_no_half_written_checkpoint(tmp_path):
+    """Ctrl-C twice, 0.1 s apart (issue 30, case 7). Before: mpiexec.hydra's answer to the second was SIGKILL, so
+    the job ended with 1, no line saying so, and rank 0's `.step-N.tmp-PID` left behind. Now the second reaches
+    the ranks themselves as a second signal: they exit at once, removing a half-written checkpoint, and the last
+    line says where a resume starts; or, when the save was already done, the job ends as a stop with it."""
+    job = start(tmp_path, 2, *COMMON)
+    wait_for_step(job, 5)
+    os.kill(job.proc.pid, signal.SIGINT)
+    time.sleep(0.1)
+    os.kill(job.proc.pid, signal.SIGINT)
+    rc, waited = job.wait(timeout=60)
+    text = job.text()
+    last = text.strip().splitlines()[-1]
+    assert not [p.name for p in (job.out / "checkpoints").glob(".*")], "a temporary checkpoint was left behind"
+    if rc == EXIT_STOPPED:
+        step = int(STOP_LINE.search(last).group(2))
+        complete_checkpoint(job.out, step)
+    else:
+        assert rc == 128 + signal.SIGINT, text[-3000:]
+        assert re.fullmatch(r"corecpu: exited without saving; (last checkpoint step \d+|no checkpoint)", last), text
+    assert "Traceback" not in text and "BAD TERMINATION" not in text, text[-3000:]
+    assert waited < 15
+    assert survivors(job.marker, within=10) == {}
