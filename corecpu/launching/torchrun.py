@@ -125,9 +125,29 @@ def kill_survivors_of_a_failure() -> None:
     logging.getLogger(api.__name__).setLevel(logging.CRITICAL)
 
 
+def one_stop_signal() -> None:
+    """The agent's handler raises SignalException on every delivery. scancel signals every process, the agent
+    included, and corecpu launch forwards the same signal: a second delivery lands inside the agent's handling
+    of the first (seen: in its own logger.warning, printed as a logging traceback) and cuts its shutdown short.
+    Raise once; the shutdown already under way passes the signal to the workers and waits for their save."""
+    from torch.distributed.elastic.multiprocessing import api  # torch only here: see patch_tcpstore
+
+    first = api._terminate_process_handler
+    raised: list[int] = []
+
+    def raise_once(signum: int, frame: object) -> None:
+        if not raised:
+            raised.append(signum)
+            first(signum, frame)  # type: ignore[arg-type]
+
+    # The agent installs it by its module-global name when it starts the workers (api.PContext.start).
+    api._terminate_process_handler = raise_once  # type: ignore[assignment]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     patch_tcpstore()
     kill_survivors_of_a_failure()
+    one_stop_signal()
     # After the patch: torchrun's modules import TCPStore by name.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

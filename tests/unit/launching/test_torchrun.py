@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from corecpu.launching.launch import TORCHRUN_MODULE, parse_args, plan_launch
+from corecpu.launching import torchrun
 from corecpu.launching.torchrun import failed_rank_line, loopback_ip, loopback_store_arguments
 
 
@@ -97,3 +101,13 @@ def test_a_failed_rank_takes_the_others_with_sigkill_but_a_stopping_rank_leaves_
                              cwd=tmp_path, env={**os.environ, "END": end, "OMP_NUM_THREADS": "1"})
         assert out.returncode == 1 and ("rank 0 got TERM" in out.stderr) == expect_term, out.stderr
         assert "Traceback" not in out.stderr and "Sending process" not in out.stderr, out.stderr
+
+
+def test_the_agent_raises_on_the_first_stop_signal_only(monkeypatch):
+    from torch.distributed.elastic.multiprocessing import api  # torch: this module's other tests run without it
+
+    monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)
+    torchrun.one_stop_signal()
+    with pytest.raises(api.SignalException):
+        api._terminate_process_handler(signal.SIGTERM, None)
+    api._terminate_process_handler(signal.SIGTERM, None)  # scancel's copy after corecpu launch's: no second raise
