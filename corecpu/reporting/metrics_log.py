@@ -69,4 +69,5 @@ class Throughput:
 def format_step(record: dict[str, Any], total_steps: int) -> str:
     line = (f"step {record['step']:>6}/{total_steps} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
             f"{record['samples_per_s']:8.1f} samples/s | {record['tokens_per_s']:9.0f} tokens/s")
-    return line + (f" | padding {record['padding']:.0%}" if "padding" in record else "")
+    line += f" | padding {record['padding']:.0%}" if "padding" in record else ""
+    return line + (f" | MFU {record['mfu']:.1%}" if "mfu" in record else "")

@@ -21,7 +21,9 @@ import torch
 from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
+from corecpu.compute import flops
 from corecpu.compute.wrappers import unwrap
+from corecpu.cpu.hardware import read_cpu_features
 from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_disk import process_start
@@ -55,6 +57,9 @@ class Reporter:
         self._timed_from: float | None = None  # the summary's throughput skips the first log interval (warm-up)
         self._timed_to: float | None = None
         self._timed_samples = 0.0
+        self._timed_tokens = 0.0
+        self._flops: flops.FlopCount | None = None  # what a token costs: for MFU (set by start(), after wrap())
+        self.matmul: dict[str, Any] | None = None  # the job's measured matmul rate in the run's precision
         self._stats = StepStats()
         self._last_step = 0  # the last step logged (its loss was finite)
         self.last_loss: float | None = None
@@ -68,6 +73,7 @@ class Reporter:
 
     def start(self, step: int) -> None:
         """As the loop starts (after run.wrap(): the precision is settled): config.json, topology.json, progress."""
+        self._measure_matmul()
         self.started = time.perf_counter()
         self.start_up_s = seconds_since_launch(self.env)
         if self.main:
@@ -76,6 +82,26 @@ class Reporter:
         if self.progress:
             self._task = self.progress.add_task("train", total=self.total_steps, completed=step, status="")
             self.progress.start()
+
+    def _measure_matmul(self) -> None:
+        """Collective: every rank's matmul rate in the run's precision (cached per machine), summed: what MFU
+        divides by. Needs run.wrap() (the model and the precision); without it there is no MFU."""
+        model, precision = self.run.model, self.run.precision
+        if model is None or precision is None:
+            return
+        key = flops.cache_key(read_cpu_features().model_name, precision.name, self.run.threads,
+                              self.run.launch.local_world_size)
+        rate, cached = flops.rank_matmul_rate(precision.name, key)
+        job = self.run.all_reduce_sum([rate])[0]
+        self._flops = flops.count_flops(model)
+        self.matmul = {"precision": precision.name, "job_flops": job, "ranks": self.run.world_size,
+                       "size": flops.MATMUL_SIZE, "cached": cached, "non_embedding_params": self._flops.params}
+
+    def _mfu(self, tokens_per_s: float, tokens: float, samples: float) -> float | None:
+        if self._flops is None or self.matmul is None or samples <= 0:
+            return None
+        value = flops.mfu(tokens_per_s, self._flops, tokens / samples, self.matmul["job_flops"])
+        return round(value, 4) if value is not None else None
 
     def advance(self, step: int, status: str) -> None:
         if self.progress:
@@ -107,12 +133,15 @@ class Reporter:
             self._timed_from = now
         else:
             self._timed_samples, self._timed_to = self._timed_samples + stats["samples"], now
+            self._timed_tokens += stats["tokens"]
         self.last_loss = stats["loss"]
         record = {"step": step, "epoch": epoch, "loss": stats["loss"], "lr": lr, "samples": int(stats["samples"]),
                   "samples_per_s": sps,
                   "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)}
         if "padding" in stats:
             record["padding"] = round(stats["padding"], 4)
+        if (utilisation := self._mfu(tps, stats["tokens"], stats["samples"])) is not None:
+            record["mfu"] = utilisation
         if self.metrics:
             self.metrics.write(record)
             self.say(format_step(record, self.total_steps))
@@ -130,6 +159,14 @@ class Reporter:
         if self._timed_to is None or self._timed_from is None:
             return None
         return self._timed_samples / max(self._timed_to - self._timed_from, 1e-9)
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilisation after the first log interval (warm-up), as samples_per_s."""
+        if self._timed_to is None or self._timed_from is None:
+            return None
+        return self._mfu(self._timed_tokens / max(self._timed_to - self._timed_from, 1e-9), self._timed_tokens,
+                         self._timed_samples)
 
     def close(self) -> None:
         if self.progress:
@@ -153,13 +190,15 @@ class Reporter:
         final = None
         if self.main:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
-                       "samples_per_s_after_warmup": self.samples_per_s, "ranks": views}
+                       "samples_per_s_after_warmup": self.samples_per_s, "mfu_after_warmup": self.mfu,
+                       "matmul": self.matmul, "ranks": views}
             saving = time.perf_counter()
             final = export_final(self.out / "final", model, tokenizer, summary, card)
             summary["phases"] = phase_split(self.start_up_s, elapsed, self.run.untimed_seconds,
                                             time.perf_counter() - saving)
             self._write("summary.json", summary)  # last: a kill before this leaves no summary of this end
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
+            rate += f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
         self.run.barrier()
         return final

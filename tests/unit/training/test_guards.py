@@ -88,3 +88,17 @@ def test_summary_files_are_strict_json(one_process, tmp_path):
     text = (tmp_path / "out" / "summary.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"final_loss": None, "ranks": [{"loss": None}], "ok": 1.5}
+
+
+def test_after_wrap_the_records_and_the_summary_carry_mfu(one_process, tmp_path):
+    import json as _json
+
+    model, _ = one_process.wrap(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)), None)
+    report = Reporter(one_process, tmp_path / "out", {}, total_steps=4, progress="off", log_every=1)
+    report.start(0)
+    assert report.matmul["precision"] == "fp32" and report.matmul["job_flops"] > 0
+    assert report.matmul["non_embedding_params"] == 64 * 64 + 64 + 64 * 2 + 2
+    record = report.log_step(1, 0, 1e-3, {"loss": 0.5, "samples": 8.0, "tokens": 80.0, "padding": 0.0})
+    assert 0 < record["mfu"] < 1.5  # achieved over measured; a tiny model is far below 1
+    report.close()
+    assert "mfu" in _json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])

@@ -1,0 +1,106 @@
+"""How close to the machine a run is: model FLOPs utilisation (MFU).
+
+    count = count_flops(model)                      # once: what the model costs per trained token
+    rate = node_matmul_rate("bf16", threads, ...)   # once per machine: what the cores can do (cached)
+    mfu = tokens_per_s * count.per_token(mean_len) / rate
+
+The count is the usual one (Kaplan et al. 2020; PaLM's appendix B; nanoGPT and torchtitan on GPUs):
+a trained token costs 6 x N FLOPs, N the non-embedding parameters (2 forward, 4 backward), plus
+12 x layers x width x T for attention's two matmuls (QK^T and AV) over a sequence of T tokens. The
+tokens are the real ones, padding excluded, and T is their mean length per example, so padded
+positions count as waste, not as work. Embedding lookups are no matmul and are left out.
+
+The rate is measured, not read off a datasheet: every rank times square matmuls in the run's
+precision on its own cores at the same moment (so ranks that share a node share its memory
+bandwidth and turbo budget, as in training) and the job's rate is their sum. It is cached per
+kind of machine, threads, ranks per node and torch version, as the precision calibration is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from corecpu import cachefile, envvars
+from corecpu.compute.wrappers import unwrap
+
+CACHE_FILE = "matmul.json"
+CACHE_VERSION = 1
+MATMUL_SIZE = 1024  # big enough to reach the kernel's rate on a few cores, small enough to take ~0.1 s
+REPEATS = 5
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    params: int  # non-embedding parameters
+    layers: int  # attention layers (0: no transformer config found, attention not counted)
+    width: int  # hidden size
+
+    def per_token(self, mean_len: float) -> float:
+        """Training FLOPs per real token for examples of `mean_len` tokens on average."""
+        return 6.0 * self.params + 12.0 * self.layers * self.width * mean_len
+
+
+def count_flops(model: torch.nn.Module) -> FlopCount:
+    """The model's non-embedding parameters and, from a Hugging Face config, its attention shape."""
+    model = unwrap(model)
+    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    params = sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+    config = getattr(model, "config", None)
+    layers = _first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
+    width = _first_int(config, ("hidden_size", "n_embd", "d_model"))
+    return FlopCount(params, layers if width else 0, width if layers else 0)
+
+
+def _first_int(config: object, names: Sequence[str]) -> int:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def time_matmul(precision: str, size: int = MATMUL_SIZE, repeats: int = REPEATS,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """FLOP/s of a size^3 matmul in `precision` on this process's threads (the median of `repeats`)."""
+    dtype = _DTYPES[precision]
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    torch.mm(a, b)  # warm-up: kernel choice, page faults
+    seconds = []
+    for _ in range(repeats):
+        start = clock()
+        torch.mm(a, b)
+        seconds.append(clock() - start)
+    return 2.0 * size ** 3 / max(statistics.median(seconds), 1e-9)
+
+
+def cache_key(cpu_model: str, precision: str, threads: int, local_ranks: int) -> str:
+    return f"{cpu_model}|{precision}|threads={threads}|local_ranks={local_ranks}|torch={torch.__version__}"
+
+
+def rank_matmul_rate(precision: str, key: str, cache_dir: Path | None = None,
+                     measure: Callable[[str], float] = time_matmul) -> tuple[float, bool]:
+    """(this rank's FLOP/s in `precision`, whether it came from the cache). Measured once per key, then cached."""
+    path = (cache_dir or envvars.cache_dir()) / CACHE_FILE
+    known = cachefile.read_entries(path, CACHE_VERSION).get(key, {}).get("flops")
+    if isinstance(known, (int, float)) and known > 0:
+        return float(known), True
+    rate = measure(precision)
+    cachefile.store_entry(path, CACHE_VERSION, key, {"flops": rate, "size": MATMUL_SIZE}, "the matmul rate")
+    return rate, False
+
+
+def mfu(tokens_per_s: float, count: FlopCount, mean_len: float, job_flops: float) -> float | None:
+    """Model FLOPs utilisation: achieved training FLOP/s over the job's measured matmul rate."""
+    if job_flops <= 0 or tokens_per_s <= 0:
+        return None
+    return tokens_per_s * count.per_token(mean_len) / job_flops
+
+
+__all__ = ["FlopCount", "cache_key", "count_flops", "mfu", "rank_matmul_rate", "time_matmul"]

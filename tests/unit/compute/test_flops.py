@@ -1,0 +1,66 @@
+"""MFU's two halves: what a trained token costs (a pure count), and what the cores can do (measured once, cached)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from corecpu.compute import flops
+from corecpu.reporting.metrics_log import format_step
+
+
+def test_the_count_leaves_embeddings_out_and_reads_the_attention_shape():
+    config = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=64)
+    model = BertForSequenceClassification(config)
+    count = flops.count_flops(model)
+    embeddings = sum(p.numel() for p in model.bert.embeddings.word_embeddings.parameters()) + \
+        sum(p.numel() for p in model.bert.embeddings.position_embeddings.parameters()) + \
+        sum(p.numel() for p in model.bert.embeddings.token_type_embeddings.parameters())
+    assert count.params == sum(p.numel() for p in model.parameters()) - embeddings
+    assert (count.layers, count.width) == (2, 64)
+    # 6 N per token, plus attention's 12 x layers x width x T: longer examples cost more per token.
+    assert count.per_token(10) == 6 * count.params + 12 * 2 * 64 * 10
+    assert count.per_token(20) > count.per_token(10)
+
+
+def test_a_model_without_a_transformer_config_counts_its_parameters_only():
+    count = flops.count_flops(torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 4)))
+    assert (count.params, count.layers, count.width) == (8 * 4 + 4, 0, 0)
+    assert count.per_token(100) == 6 * 36
+
+
+def test_the_matmul_rate_is_the_median_of_its_repeats():
+    times = iter([0.0, 1.0, 1.0, 3.0, 3.0, 3.5, 3.5, 5.5, 5.5, 6.0])  # 1, 2, 0.5, 2, 0.5 s: median 1 s
+    rate = flops.time_matmul("fp32", size=8, repeats=5, clock=lambda: next(times))
+    assert rate == pytest.approx(2 * 8 ** 3 / 1.0)
+
+
+def test_the_rate_is_measured_once_per_key_then_cached(tmp_path):
+    calls = []
+
+    def measure(precision: str) -> float:
+        calls.append(precision)
+        return 5e10
+
+    key = flops.cache_key("Some CPU", "bf16", 4, 2)
+    assert flops.rank_matmul_rate("bf16", key, tmp_path, measure) == (5e10, False)
+    assert flops.rank_matmul_rate("bf16", key, tmp_path, measure) == (5e10, True)
+    assert calls == ["bf16"]
+    other = flops.cache_key("Some CPU", "bf16", 2, 4)  # another layout is another measurement
+    assert flops.rank_matmul_rate("bf16", other, tmp_path, measure) == (5e10, False)
+
+
+def test_mfu_is_achieved_over_measured_and_shown_in_the_step_line():
+    count = flops.FlopCount(params=1_000_000, layers=0, width=0)
+    assert flops.mfu(1000.0, count, 50.0, 6e9 * 10) == pytest.approx(0.1)  # 6e9 achieved of 6e10
+    assert flops.mfu(1000.0, count, 50.0, 0.0) is None
+    line = format_step({"step": 3, "loss": 0.5, "lr": 1e-4, "samples_per_s": 10.0, "tokens_per_s": 500.0,
+                        "mfu": 0.123}, 10)
+    assert line.endswith("| MFU 12.3%")
+
+
+def test_a_real_measurement_is_a_plausible_rate():
+    rate = flops.time_matmul("fp32", size=256, repeats=3)
+    assert 1e8 < rate < 1e14  # FLOP/s: a slow core to a large socket
