@@ -10,6 +10,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "corecpu"
+# Another library's private state that corecpu patches on purpose: (file, target) -> why.
+PATCHES = {
+    ("launching/torchrun.py", "api._terminate_process_handler"):
+        "torch's elastic agent: raise on the first stop signal only (torchrun.one_stop_signal)",
+}
 
 
 def foreign_writes(source: str) -> list[str]:
@@ -39,7 +44,8 @@ def foreign_writes(source: str) -> list[str]:
 
 def test_no_module_writes_another_objects_private_state():
     found = [f"{p.relative_to(PACKAGE.parent)}:{w}" for p in sorted(PACKAGE.rglob("*.py"))
-             for w in foreign_writes(p.read_text())]
+             for w in foreign_writes(p.read_text())
+             if (str(p.relative_to(PACKAGE)), w.split(": ", 1)[1]) not in PATCHES]
     assert not found, "private state written from outside its owner:\n" + "\n".join(found)
 
 
