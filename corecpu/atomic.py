@@ -182,12 +182,13 @@ def _leftovers(target: Path, kind: str) -> list[Path]:
     host, found = socket.gethostname(), []
     for name in names:
         parsed = parse_temp_name(name)
-        if parsed and parsed[:3] == (target.name, kind, host) and parsed[3] != os.getpid() and not _alive(parsed[3]):
+        if parsed and parsed[:3] == (target.name, kind, host) and parsed[3] != os.getpid() and not pid_alive(parsed[3]):
             found.append(target.parent / name)
     return found
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -137,16 +137,6 @@ def process_start(pid: int) -> str | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def writer_gone(owner: dict[str, Any] | None, pid_from_name: int | None, host: str,
                 alive: Callable[[int], bool], started: Callable[[int], str | None]) -> bool:
     """Whether the process that made a temporary directory is gone, so the directory may be removed.
@@ -164,7 +154,7 @@ def writer_gone(owner: dict[str, Any] | None, pid_from_name: int | None, host: s
 
 
 def clean_stale(output_dir: str | Path, *, host: str | None = None,
-                alive: Callable[[int], bool] = _pid_alive,
+                alive: Callable[[int], bool] = atomic.pid_alive,
                 started: Callable[[int], str | None] = process_start) -> list[str]:
     """Remove leftovers of killed saves and prunes; one note per removal.
 

@@ -8,20 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import corecpu
 from corecpu.reporting.reporter import Reporter
-
-
-@pytest.fixture
-def one_process(monkeypatch, tmp_path):
-    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("OMP_NUM_THREADS", "CORECPU_THREADS_DECISION"):  # setup() sets them; monkeypatch restores
-        monkeypatch.setenv(name, "x")
-        monkeypatch.delenv(name)
-    threads = torch.get_num_threads()
-    with corecpu.setup(precision="fp32", ipex="off", threads=1) as run:
-        yield run
-    torch.set_num_threads(threads)
 
 
 class Model(torch.nn.Linear):

@@ -40,16 +40,6 @@ def _step(number: int, last: bool = False) -> SimpleNamespace:
     return SimpleNamespace(number=number, is_last=last, epoch=0, epochs=1, position=(0, number))
 
 
-@pytest.fixture
-def one_process(monkeypatch, tmp_path):
-    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("OMP_NUM_THREADS", "CORECPU_THREADS_DECISION"):  # setup() sets them; monkeypatch restores
-        monkeypatch.setenv(name, "x")
-        monkeypatch.delenv(name)
-    threads = torch.get_num_threads()
-    with corecpu.setup(precision="fp32", ipex="off", threads=1) as run:
-        yield run
-    torch.set_num_threads(threads)
 
 
 def test_a_non_finite_loss_stops_the_run_with_one_line(one_process, tmp_path):
