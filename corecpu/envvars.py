@@ -70,6 +70,15 @@ def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
     return fallback
 
 
+def _assign(env: MutableMapping[str, str], values: Mapping[str, str | None]) -> None:
+    """Set each variable, or unset it where the value is None."""
+    for k, v in values.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+
+
 @contextlib.contextmanager
 def scoped(env: MutableMapping[str, str], **changes: str | None) -> Iterator[MutableMapping[str, str]]:
     """Set (a string) or unset (None) each of `changes` in `env` for the block, then put back exactly what
@@ -77,15 +86,7 @@ def scoped(env: MutableMapping[str, str], **changes: str | None) -> Iterator[Mut
     environment only when `env` is os.environ (whose writes reach C libraries and child processes)."""
     saved = {k: env.get(k) for k in changes}
     try:
-        for k, v in changes.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
+        _assign(env, changes)
         yield env
     finally:
-        for k, v in saved.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
+        _assign(env, saved)
