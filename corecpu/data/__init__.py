@@ -2,7 +2,7 @@
 (which column is what), files (TSV/CSV/JSONL), hf (Hugging Face datasets), builtin (generated
 classification tasks), sources (what --data names), sampling (DDP samplers and loaders),
 tokencache (tokenize once per host); for question answering, qa (SQuAD JSON and flat QA data)
-and builtin_qa (a generated QA set).
+and builtin_qa (a generated QA set); for causal-LM fine-tuning, builtin_sft (a generated instruction set).
 
 May import: corecpu.errors, corecpu.envvars, corecpu.distributed; torch, transformers.
 """

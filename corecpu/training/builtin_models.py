@@ -153,19 +153,15 @@ def _write(name: str, directory: Path) -> None:
 def _host_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on `path` (so other processes of this host wait for one build rather than each
     building); where the filesystem has no locks, go on without: place_dir keeps concurrent builds safe."""
-    try:
+    fd = None
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        yield
-        return
+        fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def builtin_model_dir(name: str) -> Path:
