@@ -1,12 +1,17 @@
 """Does a built-in causal LM learn the built-in SFT set? One process, plain PyTorch, nothing downloaded.
 
-    python benchmarks/sft_smoke.py                       # llama-tiny, 1200 steps of 16, lr 1e-3 (a few CPU minutes)
-    python benchmarks/sft_smoke.py --steps 300 --threads 2
+    python benchmarks/sft_smoke.py                       # llama-tiny, 2500 steps of 16, lr 1e-3, one thread
+    python benchmarks/sft_smoke.py --steps 300 --threads 2 --eval-every 100
 
 Fine-tunes corecpu.training.builtin_models' model from its random initialisation with AdamW, loss on the
 completion tokens (and the EOS after them) only, prompt tokens' labels -100; then greedy-decodes every eval
 prompt and prints exact match against the unigram baseline (each skill's most frequent training answer),
 overall and per skill. Not a test: it trains for minutes; run it after changing the data or the model shapes.
+
+Measured (2-vCPU AMD EPYC shared with two other jobs, one thread, 0.12-0.25 s a step): after 2500 steps,
+exact match 0.27 against a baseline of 0.03 (lookup 0.51, reverse 0.22, add 0.09): the model reads the
+prompt (lookup is learnt first) but is far from done; exact match past 0.6 needs longer training or an
+easier mix, which is not tuned yet.
 """
 
 from __future__ import annotations
@@ -69,11 +74,11 @@ def score(model, tok, ev: list[tuple[str, str]]) -> tuple[float, str, list[str]]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-tiny")
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)  # 2 ran 10x slower on a shared 2-vCPU host
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=0, help="also print exact match on 60 eval prompts every N steps")
     args = ap.parse_args()

@@ -3,13 +3,14 @@
 Three skills, each in a few phrasings, that a model can only do by reading the prompt:
 
   lookup   "Given fox: red, owl: blue, bee: gold. What is owl?" -> " blue"    (copy the named key's value)
-  reverse  "Reverse the list: red cow sky pin"                 -> " pin sky cow red"
+  reverse  "Reverse the list: red boat sky pen"                -> " pen sky boat red"
   add      "Question: What is 23 + 18?\\nAnswer:"               -> " 41"        (two numbers below 50)
 
 Values, lists and numbers are drawn at random, so the best answer that ignores the prompt's content
-(the most frequent training completion of the skill: unigram_baseline) is right about 1-2% of the time.
-Prompts are about 4-35 whitespace words (about 10-45 tokens of the built-in tokenizer, which splits
-numbers into digits), completions 1-5 words (1-6 tokens), without the EOS.
+(the most frequent training completion of the skill: unigram_baseline) is right about 3% of the time
+(lookup about 10%: 12 colours; reverse and add under 1%).
+Prompts are 4-38 whitespace words (6-48 tokens of the built-in tokenizer with its <s>, median 16; it splits
+numbers into digits), completions 1-5 words (1-5 tokens), without the EOS.
 
 Prompts end without whitespace and completions start with a space, so a byte-level BPE (which attaches a
 space to the word after it) gives the same tokens for prompt and completion tokenized apart as joined.

@@ -70,7 +70,7 @@ class CausalShape:
 
 
 BUILTIN_CAUSAL: dict[str, CausalShape] = {
-    # 1.05M parameters (0.26M of them the tied embedding): learns the built-in SFT set in a few CPU minutes.
+    # 1.05M parameters (0.26M of them the tied embedding); benchmarks/sft_smoke.py shows how far it learns the sft set.
     "llama-tiny": CausalShape(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, max_positions=512),
     # SmolLM-135M's shapes: 134.5M parameters, 0.54 GB in fp32.
     "llama-135m": CausalShape(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, max_positions=2048,
