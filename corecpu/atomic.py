@@ -7,6 +7,7 @@ one, never a part of either. Standard library only: the bottom layer, for every 
         torch.save(state, tmp)
     with atomic.replacing_dir(out / "final") as tmp: # a directory: complete before the old one goes
         model.save_pretrained(tmp)
+    atomic.place_dir(built, cache / "model")          # a cache several processes build: the first complete one stays
 
 The new copy is written beside the target under a hidden name, .NAME.tmp-HOST-PID (the same
 filesystem, so the rename is atomic; host and PID so that two writers, on one node or on two
@@ -109,6 +110,24 @@ def replace_dir(new: str | Path, target: str | Path) -> None:
     _fsync(target.parent)
     if old is not None:
         _remove(old)
+
+
+def place_dir(new: str | Path, target: str | Path) -> bool:
+    """Rename the complete directory `new` (on the target's filesystem) to `target` unless another writer
+    already put one there: then `new` is deleted, the existing copy kept and False returned. For caches that
+    several processes may build at once from the same inputs: the first complete copy wins, none is replaced
+    under a reader."""
+    new, target = Path(new), Path(target)
+    _fsync_tree(new)
+    try:
+        os.rename(new, target)  # fails on a non-empty directory (ENOTEMPTY or EEXIST): never replaces one
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not target.is_dir():
+            raise
+        _remove(new)
+        return False
+    _fsync(target.parent)
+    return True
 
 
 def recover(target: str | Path) -> str | None:
@@ -257,6 +276,6 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-__all__ = ["write_bytes", "write_text", "write_json", "replacing", "replacing_dir", "replace_dir", "recover",
+__all__ = ["write_bytes", "write_text", "write_json", "replacing", "replacing_dir", "replace_dir", "place_dir", "recover",
            "recover_all", "clean", "temp_path",
            "parse_temp_name"]

@@ -1,5 +1,9 @@
 """Load a model (sequence classification or extractive QA) and its tokenizer from local files only.
 
+--model names a directory, 'default' (all-MiniLM-L6-v2 from the demo extra), 'tiny' (a small BERT built in
+memory) or a built-in causal LM ('llama-tiny', 'llama-135m': corecpu.training.builtin_models, a directory
+in the cache built on first use).
+
 Model code never imports torch.distributed: wrapping is the loop's business.
 """
 
@@ -23,6 +27,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from corecpu.errors import CoreCPUError
+from corecpu.training.builtin_models import builtin_model_dir, is_builtin_causal
 
 # The machines corecpu targets often have no route to a model hub: every load reads local files only, and
 # says so per call rather than through HF_HUB_OFFLINE, which would switch the hub off for the whole process.
@@ -60,6 +65,8 @@ def tiny_config(vocab_size: int, num_labels: int) -> BertConfig:
 def resolve_model_dir(spec: str) -> Path:
     if spec in ("default", "tiny"):
         return default_model_dir()  # tiny borrows the default model's tokenizer
+    if is_builtin_causal(spec):
+        return builtin_model_dir(spec)
     path = Path(spec).expanduser()
     if not path.is_dir():
         raise CoreCPUError(f"model path '{spec}' is not a directory; pass --model with a local Hugging Face model directory, 'default' or 'tiny'")
@@ -118,12 +125,12 @@ def model_limits(spec: str, tokenizer: PreTrainedTokenizerBase) -> tuple[int, in
 
 
 def input_problems(where: str, *, vocab_size: int, max_positions: int, tokenizer_len: int,
-                   max_seq_len: int) -> str | None:
+                   max_seq_len: int, min_coverage: float = MIN_VOCAB_COVERAGE) -> str | None:
     """One line if this tokenizer or input length cannot work with the model; None if they can."""
     if vocab_size and tokenizer_len > vocab_size:
         return (f"the tokenizer in {where} has {tokenizer_len} tokens but the model's embedding has {vocab_size}: "
                 "they come from different models; put the model's own tokenizer files in its directory")
-    if vocab_size and tokenizer_len < vocab_size * MIN_VOCAB_COVERAGE:
+    if vocab_size and tokenizer_len < vocab_size * min_coverage:
         return (f"the tokenizer in {where} has only {tokenizer_len} tokens for a model with {vocab_size}: its tokenizer "
                 "files (tokenizer.json, vocab.txt, ...) are missing or from another model; copy the model's own "
                 "tokenizer files into the directory")
@@ -137,8 +144,10 @@ def check_inputs(spec: str, tokenizer: PreTrainedTokenizerBase, max_seq_len: int
     """Raise CoreCPUError before any work when the tokenizer or --max-seq-len does not fit the model."""
     vocab, positions = model_limits(spec, tokenizer)
     where = "the tiny model" if spec == "tiny" else str(resolve_model_dir(spec))
+    # A built-in causal LM's tokenizer is its own by construction: llama-135m's 49152 embedding rows (SmolLM's
+    # shapes) for the built-in 2048-token tokenizer are unused rows, not a sign of missing tokenizer files.
     problem = input_problems(where, vocab_size=vocab, max_positions=positions, tokenizer_len=len(tokenizer),
-                             max_seq_len=max_seq_len)
+                             max_seq_len=max_seq_len, min_coverage=0.0 if is_builtin_causal(spec) else MIN_VOCAB_COVERAGE)
     if problem:
         raise CoreCPUError(problem)
 

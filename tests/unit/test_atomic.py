@@ -110,6 +110,20 @@ def test_a_directory_into_an_empty_place_and_an_error_while_writing_it(tmp_path)
     assert names(final) == ["new.bin"]
 
 
+def test_place_dir_keeps_the_first_complete_copy(tmp_path):
+    target = tmp_path / "model"
+    for i in (1, 2):
+        built = atomic.temp_path(target)
+        built.mkdir()
+        (built / "w.bin").write_text(f"build {i}")
+        assert atomic.place_dir(built, target) == (i == 1)  # the second finds the first in place
+    assert (target / "w.bin").read_text() == "build 1" and names(tmp_path) == ["model"]
+    (tmp_path / "file").write_text("x")
+    built.mkdir()
+    with pytest.raises(OSError):
+        atomic.place_dir(built, tmp_path / "file")  # not another writer's directory: an error, not a loss
+
+
 @pytest.mark.parametrize("err, falls_back", [(errno.EINVAL, True), (errno.ENOSYS, True), (errno.EACCES, False)])
 def test_a_system_that_cannot_swap_falls_back_and_other_errors_are_raised(tmp_path, monkeypatch, err, falls_back):
     def fail(*args):

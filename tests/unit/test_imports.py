@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 TORCH_FREE = ("corecpu", "corecpu.errors", "corecpu.address_space", "corecpu.notices", "corecpu.envvars", "corecpu.cachefile", "corecpu.atomic", "corecpu.cluster", "corecpu.cpu", "corecpu.launching",
               "corecpu.reliability.lifeline", "corecpu.data.types", "corecpu.data.builtin", "corecpu.data.qa",
-              "corecpu.data.builtin_qa", "corecpu.data.causal_records", "corecpu.data.causal_tokens", "corecpu.cli",
+              "corecpu.data.builtin_qa", "corecpu.data.builtin_sft", "corecpu.data.causal_records",
+              "corecpu.data.causal_tokens", "corecpu.cli",
               "corecpu.bind", "corecpu.launch", "corecpu.install")
 MAX_FUNCTION_LEVEL = 10
 
