@@ -65,8 +65,9 @@ stamp_file="$(dirname "$py")/../.corecpu-installed"
 stamp_sum="" stamp_extras=""
 [[ -f "$stamp_file" ]] && read -r stamp_sum stamp_extras < "$stamp_file" || true
 if [[ "${stamp_sum:-}" != "$(stamp_of)" || ( -n "$extras" && ",${stamp_extras:-}," != *",$extras,"* ) ]]; then
-  # mpi (Intel MPI's mpirun, mpi4py) and demo (the default model) always: the README's commands need them.
-  target="$here[mpi,demo${extras:+,$extras}]"
+  # mpi (Intel MPI's mpirun, mpi4py), demo (the default model) and lora (peft) always: the README's commands
+  # need them.
+  target="$here[mpi,demo,lora${extras:+,$extras}]"
   if (( dry_run )); then
     echo "# would first set up $(dirname "$(dirname "$py")") and pip install -c constraints.txt -e '$target'"
   else

@@ -3,6 +3,7 @@
     ./launch.sh 2                                   # 2 ranks through mpirun, the built-in job
     ./launch.sh 4 --data train.tsv --eval-data dev.tsv --model PATH
     ./launch.sh 2 --task qa --data train-v1.1.json --eval-data dev-v1.1.json   # extractive QA (SQuAD)
+    ./launch.sh 2 --task causal-lm --model PATH --data chat.jsonl --lora-r 8   # LM fine-tuning (SFT), LoRA
     torchrun --nproc-per-node 2 train.py --model tiny
     python train.py --config run.yaml --lr 5e-5      # a config file's keys are the flags; flags override it
     python train.py --help
@@ -19,6 +20,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 import corecpu
+from corecpu.data.tokenized import pop_meta
 from corecpu.reporting.reporter import Reporter
 from corecpu.reporting.trackers import parse_report_to
 from corecpu.tasks.registry import make_task, parse_config
@@ -84,11 +86,13 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     report.start(start)
     model.train()
     for step in steps:
-        for batch in step.micro_batches():  # gradients are all-reduced only in the last one's backward
-            meta = {k: batch.pop(k) for k in ("num_tokens", "num_padded", "valid")}
+        # Gradients are all-reduced only in the last micro-batch's backward. A task whose loss is a mean over
+        # tokens has the step weigh each micro-batch by them (task.loss_items; None: all micro-batches alike).
+        for batch in step.micro_batches(count=task.loss_items):
+            meta = pop_meta(batch)  # num_tokens, num_padded, valid (and num_label_tokens): not model inputs
             loss = model(**batch).loss  # the wrapped forward autocasts where bf16 was chosen
             step.backward(loss)
-            report.add(loss, len(batch["input_ids"]), meta["num_tokens"], meta["num_padded"])
+            report.add(loss, len(batch["input_ids"]), meta["num_tokens"], meta["num_padded"], weight=step.weight)
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
         lr = scheduler.get_last_lr()[0]

@@ -6,6 +6,9 @@ training loop must pop before calling the model:
   num_padded  int, pad positions in the batch: padding fraction = num_padded / (num_padded + num_tokens);
   valid       BoolTensor (B,), False for filler items that only exist so every rank
               runs the same number of eval batches. Weight per-example metrics by it.
+and, from a language model's collate (corecpu.data.packing), one more:
+  num_label_tokens  int, positions whose label counts in the loss (what the model's loss averages over).
+`pop_meta(batch)` takes out whichever of them the batch has.
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 
 META_KEYS = ("num_tokens", "num_padded", "valid")
+OPTIONAL_META_KEYS = ("num_label_tokens",)
+
+
+def pop_meta(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch's non-model keys, removed from it: what is left goes to model(**batch)."""
+    return {k: batch.pop(k) for k in META_KEYS + OPTIONAL_META_KEYS if k in batch}
+
 _SEQUENCES = ("input_ids", "token_type_ids", "valid")  # padded per batch (or, valid, kept as booleans)
 
 

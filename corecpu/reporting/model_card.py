@@ -20,7 +20,8 @@ DEFAULT_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # what --model de
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SETTINGS = ("task", "model", "data", "eval_data", "max_seq_len", "doc_stride", "version_2_with_negative",
             "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio", "max_grad_norm", "epochs", "max_steps",
-            "seed", "precision", "backend")
+            "seed", "precision", "backend", "packing", "completion_only_loss", "lora_r", "lora_alpha", "lora_dropout",
+            "lora_target_modules", "gradient_checkpointing")
 
 @dataclass(frozen=True)
 class CardKind:
@@ -56,6 +57,24 @@ context_tokens = torch.tensor([s == 1 for s in inputs.sequence_ids(0)])
 start = out.start_logits[0].masked_fill(~context_tokens, -1e9).argmax()
 end = start + out.end_logits[0][start:].masked_fill(~context_tokens[start:], -1e9)[:30].argmax()
 print(context[offsets[start][0]:offsets[end][1]])""")
+CAUSAL_CARD = CardKind("text-generation", "Causal Language Modeling", (("loss", "Loss"), ("perplexity", "Perplexity"),
+                                                                      ("exact_match", "Exact Match")), """\
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("PATH/TO/final")
+tokenizer = AutoTokenizer.from_pretrained("PATH/TO/final")
+inputs = tokenizer("a prompt", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=32)[0], skip_special_tokens=True))""")
+# final/ holds the adapter only: it loads on the base it was trained on (final/merged/ with --merge-lora).
+LORA_CARD = CardKind("text-generation", "Causal Language Modeling", CAUSAL_CARD.metrics, """\
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+base = AutoModelForCausalLM.from_pretrained("BASE")
+model = PeftModel.from_pretrained(base, "PATH/TO/final")
+tokenizer = AutoTokenizer.from_pretrained("PATH/TO/final")
+inputs = tokenizer("a prompt", return_tensors="pt")
+print(tokenizer.decode(model.generate(**inputs, max_new_tokens=32)[0], skip_special_tokens=True))""")
 
 
 def base_model_id(model_spec: str) -> str | None:
@@ -77,6 +96,12 @@ def _what(kind: CardKind, label_names: Sequence[str] | None, base: str | None, c
         return (f"An extractive question-answering model (it points at the answer span in a context) fine-tuned"
                 f"{source}\nwith corecpu (data-parallel training on CPUs). Exact match and F1 are scored as {scored} "
                 "scores them.")
+    if kind.pipeline_tag == "text-generation":
+        how = (f"LoRA (r={config.get('lora_r')}, alpha={config.get('lora_alpha')}, on "
+               f"{config.get('lora_target_modules') or 'every linear layer of the blocks'}); this directory holds the "
+               "adapter in PEFT's format" if config.get("lora_r") else "full fine-tuning")
+        return (f"A causal language model fine-tuned{source} from `{config.get('model')}`\nwith corecpu (data-parallel "
+                f"training on CPUs): {how}. Loss and perplexity are per label token of the held-out set.")
     labels = list(label_names or [])
     return (f"A {len(labels)}-class text classifier fine-tuned{source}\nwith corecpu (data-parallel training on "
             f"CPUs).\nLabels: {', '.join(f'`{n}`' for n in labels)}.")
@@ -135,7 +160,7 @@ final training loss {_fmt(summary.get('final_loss'), '.4f')}.
 ## How to load
 
 ```python
-{kind.how_to_load}
+{kind.how_to_load.replace("BASE", str(config.get("base_model_path") or config.get("model", "")))}
 ```
 """
     return f"---\n{data.to_yaml()}\n---\n{body}"

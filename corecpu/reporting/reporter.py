@@ -108,9 +108,10 @@ class Reporter:
             self.progress.update(self._task, completed=step, status=status)
 
     # ------------------------------------------------------------ records for tools
-    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0) -> None:
-        """After each micro-batch: summed on this rank, without a host sync, until the next record."""
-        self._stats.add(loss, samples, tokens, padded)
+    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0, weight: float | None = None) -> None:
+        """After each micro-batch: summed on this rank, without a host sync, until the next record.
+        `weight`: what `loss` is the mean over, when not its samples (step.weight: label tokens)."""
+        self._stats.add(loss, samples, tokens, padded, weight)
 
     def step_done(self, step: Step, lr: float) -> None:
         """After each optimizer step on every rank: a record every `log_every` steps and at the last one

@@ -63,6 +63,7 @@ class Classification:
 
     name = "classification"
     Options = ClassificationOptions
+    loss_items = None  # a mean per example: micro-batches count alike
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg

@@ -10,7 +10,7 @@ unless a method says otherwise:
 
 The loop itself is the same for every task: a batch from `collate` goes to `model(**batch)`
 after train.py pops the META_KEYS (num_tokens, num_padded, valid; corecpu.data.tokenized), and
-the model's output must have `.loss`. `registry.register` refuses a class that lacks a member
+the model's output must have `.loss` (see `loss_items` for what it is a mean over). `registry.register` refuses a class that lacks a member
 below, naming it; `isinstance(task, Task)` checks an instance.
 """
 
@@ -47,6 +47,10 @@ class Task(Protocol):
 
     name: str  # the --task value it is registered under
     Options: type[TaskOptions]  # its own options, nested as cfg.task_options (corecpu.training.train_config)
+    # None: the model's loss is a mean per example, and every micro-batch of a step counts alike. Else how
+    # many items (label tokens) a batch's loss is the mean over: the step then weighs batches by it
+    # (step.micro_batches(count=...)), so the step's gradient is the mean over all its items on all ranks.
+    loss_items: Callable[[Mapping[str, Any]], float] | None
 
     def load(self) -> TaskData:
         """Read the training data and, unless --eval-data is none, the held-out data.

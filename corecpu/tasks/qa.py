@@ -119,6 +119,7 @@ class QuestionAnswering:
 
     name = "qa"
     Options = QAOptions
+    loss_items = None  # a mean per example: micro-batches count alike
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg

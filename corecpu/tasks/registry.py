@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from corecpu.errors import CoreCPUError
+from corecpu.tasks.causal_lm import CausalLM
 from corecpu.tasks.classification import Classification
 from corecpu.tasks.contract import Task, missing_members
 from corecpu.tasks.qa import QuestionAnswering
@@ -38,6 +39,7 @@ def register(task_class: type[Task]) -> type[Task]:
 
 register(Classification)
 register(QuestionAnswering)
+register(CausalLM)
 
 
 def sections() -> Sections:

@@ -124,6 +124,11 @@ class Run:
         return wrapped.model if wrapped else None
 
     @property
+    def step(self) -> int:
+        """The optimizer step in progress (or last done, between steps); 0 before the first."""
+        return self._clock.step
+
+    @property
     def resumed(self) -> LoopState | None:
         """Where the checkpoint wrap() resumed from left off; None for a fresh start."""
         wrapped = self._wrapped.get()
@@ -257,7 +262,8 @@ class Run:
             preempt.install(announce=self.is_main)
             self.on_close(preempt.uninstall)
         return Steps(loader, Schedule.for_loader(loader, grad_accum, epochs, max_steps), clock=self._clock,
-                     wrapped=self._wrapped.get, is_main=self.is_main)
+                     wrapped=self._wrapped.get, is_main=self.is_main, world_size=self.world_size,
+                     sum_over_ranks=self.all_reduce_sum)
 
     @contextlib.contextmanager
     def evaluating(self, model: torch.nn.Module) -> Iterator[None]:

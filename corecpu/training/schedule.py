@@ -87,16 +87,21 @@ class StepStats:
     def __init__(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64)  # stays a tensor: no host sync per step
         self.samples = self.tokens = self.padded = 0
+        self.weight = 0.0  # what the loss is averaged over: samples, or the items `add` is given
 
-    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0) -> None:
-        self.loss_sum += loss.detach().double() * samples
+    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0, weight: float | None = None) -> None:
+        """`weight`: the items `loss` is the mean over (a language model's label tokens); default: samples."""
+        weight = samples if weight is None else weight
+        self.loss_sum += loss.detach().double() * weight
+        self.weight += weight
         self.samples += samples
         self.tokens += tokens
         self.padded += padded
 
     def reduce(self, all_reduce_sum: Callable[[Sequence[float]], list[float]]) -> dict[str, float]:
         """Global mean loss and totals since the last call (a collective: every rank calls it)."""
-        loss, samples, tokens, padded = all_reduce_sum([self.loss_sum.item(), self.samples, self.tokens, self.padded])
+        loss, weight, samples, tokens, padded = all_reduce_sum([self.loss_sum.item(), self.weight, self.samples,
+                                                                self.tokens, self.padded])
         self.__init__()
-        return {"loss": loss / max(samples, 1), "samples": samples, "tokens": tokens,
+        return {"loss": loss / max(weight, 1e-12), "samples": samples, "tokens": tokens,
                 "padding": padded / max(tokens + padded, 1)}

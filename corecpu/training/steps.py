@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -49,6 +49,8 @@ class Step:
     def __init__(self, loop: "Steps", it: Iterator[Any], *, number: int, epoch: int, first_micro: int,
                  group_len: int, ends_epoch: bool, is_last: bool, divisor: int | None = None) -> None:
         self._loop, self._it = loop, it
+        self._scale: float | None = None  # world / items of the whole step, with micro_batches(count=)
+        self.weight: float | None = None  # the current batch's items, with micro_batches(count=)
         self.number = number  # 1-based: the optimizer step this body performs
         self.epoch = epoch  # 0-based
         self.first_micro = first_micro  # this step's first micro-batch within the epoch
@@ -58,22 +60,44 @@ class Step:
         self.is_last = is_last
         self.consumed = 0
 
-    def micro_batches(self) -> Iterator[Any]:
-        """This step's batches. Gradients are all-reduced only during the last one's backward."""
+    def micro_batches(self, count: Callable[[Any], float] | None = None) -> Iterator[Any]:
+        """This step's batches. Gradients are all-reduced only during the last one's backward.
+
+        `count(batch)`: how many items the batch's loss averages over (a language model's label tokens).
+        Given it, the step reads all its batches first and sums their items over every rank (one tiny
+        all-reduce), so that backward() weighs each batch by its items: the gradient of the mean over every
+        item of the global step, however the items fall into batches and ranks (the Trainer's
+        average_tokens_across_devices). Without it each micro-batch counts alike, as each rank does."""
         model = self._loop.model
-        for i in range(self.group_len):
-            batch = next(self._it, _END)
-            if batch is _END:
-                raise CoreCPUError(f"the loader ran out after {self.first_micro + i} batches of epoch {self.epoch}, "
-                                   f"{self._loop.schedule.micro_per_epoch} expected; give run.steps() the loader "
-                                   "whose batches it counts")
-            self.consumed += 1
+        batches: Iterator[Any] = (self._next(i) for i in range(self.group_len))
+        weights: list[float] = []
+        if count is not None:
+            read = list(batches)
+            weights = [float(count(b)) for b in read]
+            total = self._loop.sum_over_ranks([sum(weights)])[0]
+            self._scale = self._loop.world_size / max(total, 1.0)  # DDP then divides by world_size
+            batches = iter(read)
+        for i, batch in enumerate(batches):
+            self.weight = weights[i] if weights else None
             with no_sync(model, sync=i == self.group_len - 1):
                 yield batch
 
+    def _next(self, i: int) -> Any:
+        batch = next(self._it, _END)
+        if batch is _END:
+            raise CoreCPUError(f"the loader ran out after {self.first_micro + i} batches of epoch {self.epoch}, "
+                               f"{self._loop.schedule.micro_per_epoch} expected; give run.steps() the loader "
+                               "whose batches it counts")
+        self.consumed += 1
+        return batch
+
     def backward(self, loss: torch.Tensor) -> None:
-        """loss.backward() scaled so that the step averages over all its micro-batches."""
-        (loss / self.divisor).backward()
+        """loss.backward() scaled so that the step averages over all its micro-batches, or, with
+        micro_batches(count=), over all its items (`loss` then being the batch's mean over its items)."""
+        if self._scale is None:
+            (loss / self.divisor).backward()
+        else:
+            (loss * (self.weight * self._scale)).backward()
 
     @property
     def epochs(self) -> int:
@@ -92,9 +116,12 @@ class Steps:
     """The steps of a run over `loader`; iterate it after run.wrap(), which knows the resume position."""
 
     def __init__(self, loader: DataLoader, schedule: Schedule, *, clock: LoopClock,
-                 wrapped: Callable[[], Wrapped | None], is_main: bool) -> None:
-        """`wrapped()`: wrap()'s result once it exists (None before, or with no wrap() at all)."""
+                 wrapped: Callable[[], Wrapped | None], is_main: bool, world_size: int = 1,
+                 sum_over_ranks: Callable[[Sequence[float]], list[float]] = list) -> None:
+        """`wrapped()`: wrap()'s result once it exists (None before, or with no wrap() at all).
+        `sum_over_ranks`: a collective sum of a few numbers (run.all_reduce_sum), for micro_batches(count=)."""
         self.loader, self.schedule = loader, schedule
+        self.world_size, self.sum_over_ranks = world_size, sum_over_ranks
         self._clock, self._wrapped, self._is_main = clock, wrapped, is_main
         self.completed = 0  # optimizer steps done so far (a resumed run starts at its checkpoint's)
         self.model: torch.nn.Module | None = None  # the wrapped model, known when iteration starts

@@ -43,6 +43,12 @@ class TaskOptions:
     summary: ClassVar[str] = ""  # what --task NAME trains, one phrase for --help
     default_data: ClassVar[str] = "builtin"  # --data when none is given
     default_max_seq_len: ClassVar[int] = 128  # --max-seq-len when 0
+    default_model: ClassVar[str] = "default"  # what --model default means (MiniLM unless the task says)
+    default_lr: ClassVar[float] = 1e-4  # --lr when 0
+
+    def lr_for(self, cfg: TrainConfig) -> float:
+        """--lr when it is 0: the task's default for the model (and adapter) in `cfg`."""
+        return self.default_lr
 
     def validate(self, cfg: TrainConfig) -> None:
         """Raise one CoreCPUError line naming the flag for the first bad option; cfg holds the shared settings.
@@ -54,13 +60,18 @@ class TrainConfig:
     # -- what to train on
     task: str = opt("classification", "what to train",
                     defines_run=True)  # the choices and their help: the sections passed in
-    model: str = opt("default", "local Hugging Face model directory, 'default' (all-MiniLM-L6-v2, shipped "
-                      "offline) or 'tiny' (small random BERT for tests)", metavar="PATH", defines_run=True)
+    model: str = opt("default", "local Hugging Face model directory, 'default' (the task's: all-MiniLM-L6-v2, "
+                      "shipped offline, for classification and qa; llama-tiny for causal-lm), 'tiny' (small random "
+                      "BERT for tests), or a built-in causal LM built at first use: 'llama-tiny' (a few million "
+                      "parameters) or 'llama-135m' (SmolLM-135M's shapes), random weights", metavar="PATH",
+                     defines_run=True)
     data: str = opt("", "training data: a .tsv/.csv/.jsonl file, a Parquet/Arrow file or save_to_disk directory, "
                      "or a built-in set: 'builtin' (generated sentiment, ~15 tokens; the classification default), "
                      "'paraphrase' (sentence pairs, ~50 tokens, for benchmarks) or 'qa' (generated SQuAD-style "
                      "questions, ~300-token contexts; the qa default). For --task qa: a SQuAD .json (v1.1/v2.0) or "
-                     "flat rows (id, question, context, answers)", metavar="PATH", defines_run=True)
+                     "flat rows (id, question, context, answers). For --task causal-lm: .txt (a document per line), .jsonl, "
+                     "Parquet/Arrow or a save_to_disk directory with text, prompt/completion or messages columns, or "
+                     "'sft' (the built-in instruction set; its default)", metavar="PATH", defines_run=True)
     eval_data: str = opt("auto", "evaluation data: a file, 'none' to skip evaluation, or 'auto' (the held-out split "
                           "of a built-in --data; none for a file)", metavar="PATH", defines_run=True)
     max_seq_len: int = opt(0, "truncate inputs to this many tokens (batches pad to their longest input; longer "
@@ -75,7 +86,8 @@ class TrainConfig:
     batch_size: int = opt(16, "examples per rank per micro-step (global batch = this x ranks x --grad-accum)",
                           defines_run=True)
     grad_accum: int = opt(1, "micro-steps per optimizer step; gradients sync only on the last one", defines_run=True)
-    lr: float = opt(1e-4, "peak learning rate of AdamW", defines_run=True)
+    lr: float = opt(0.0, "peak learning rate of AdamW; 0: the task's default (1e-4; causal-lm 1e-3 for its built-in "
+                          "random model, 2e-5 for a --model directory, 2e-4 with --lora-r)", defines_run=True)
     weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and LayerNorm)", defines_run=True)
     warmup_ratio: float = opt(0.1, "fraction of optimizer steps spent warming up linearly, then linear decay to 0",
                               defines_run=True)
@@ -105,6 +117,9 @@ class TrainConfig:
         if self.task_options is not None:
             self.data = self.data or self.task_options.default_data
             self.max_seq_len = self.max_seq_len or self.task_options.default_max_seq_len
+            if self.model == "default":
+                self.model = self.task_options.default_model
+            self.lr = self.lr or self.task_options.lr_for(self)
 
     def validate(self) -> TrainConfig:
         if self.task_options is None:
@@ -207,12 +222,19 @@ def build_parser(sections: Sections, description: str = "") -> argparse.Argument
         else:
             _add(parser, f)
     added: set[str] = set()
+    # A flag two tasks share takes either's values here; TrainConfig.validate checks the task's own.
+    choices: dict[str, tuple[Any, ...]] = {}
+    for section in sections.values():
+        for f in dataclasses.fields(section):
+            if f.metadata["choices"]:
+                choices[f.name] = tuple(dict.fromkeys(choices.get(f.name, ()) + tuple(f.metadata["choices"])))
     for task, section in sections.items():
         group = parser.add_argument_group(f"--task {task} ({section.summary})")
         for f in dataclasses.fields(section):
             if f.name not in added:  # a flag two tasks share is listed once, with the first one's help
                 added.add(f.name)
-                _add(group, f, default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {f.default})")
+                _add(group, f, default=argparse.SUPPRESS, help=f"{f.metadata['help']} (default: {f.default})",
+                     choices=choices.get(f.name))
     return parser
 
 

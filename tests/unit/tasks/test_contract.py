@@ -6,6 +6,7 @@ import pytest
 
 from corecpu.errors import CoreCPUError
 from corecpu.tasks import registry
+from corecpu.tasks.causal_lm import CausalLM
 from corecpu.tasks.classification import Classification
 from corecpu.tasks.contract import MEMBERS, Task, missing_members
 from corecpu.tasks.qa import QuestionAnswering
@@ -14,14 +15,15 @@ from helpers.toy_task import Regression
 
 
 def test_the_contract_names_what_train_py_calls():
-    assert set(MEMBERS) == {"name", "Options", "load", "model", "features", "collate", "checkpoint_config",
-                            "describe", "evaluate", "eval_line", "model_card"}
-    for method in set(MEMBERS) - {"name", "Options"}:
+    assert set(MEMBERS) == {"name", "Options", "loss_items", "load", "model", "features", "collate",
+                            "checkpoint_config", "describe", "evaluate", "eval_line", "model_card"}
+    for method in set(MEMBERS) - {"name", "Options", "loss_items"}:
         assert getattr(Task, method).__doc__, f"Task.{method} says what it receives, returns and where it runs"
 
 
-@pytest.mark.parametrize("argv, cls", [([], Classification), (["--task", "qa"], QuestionAnswering)])
-def test_both_tasks_keep_the_contract(argv, cls):
+@pytest.mark.parametrize("argv, cls", [([], Classification), (["--task", "qa"], QuestionAnswering),
+                                       (["--task", "causal-lm"], CausalLM)])
+def test_every_task_keeps_the_contract(argv, cls):
     task = make_task(parse_config(argv))
     assert type(task) is cls and isinstance(task, Task) and missing_members(cls) == []
 
@@ -40,11 +42,11 @@ def test_a_class_missing_a_method_breaks_it():
 
 def test_the_task_choices_are_the_registry(monkeypatch):
     (choices,) = [a.choices for a in build_parser()._actions if a.dest == "task"]
-    assert tuple(choices) == tuple(registry.TASKS) == ("classification", "qa")
+    assert tuple(choices) == tuple(registry.TASKS) == ("classification", "qa", "causal-lm")
     monkeypatch.setattr(registry, "TASKS", dict(registry.TASKS))
     register(Regression)  # the one line a new task needs
     (choices,) = [a.choices for a in build_parser()._actions if a.dest == "task"]
-    assert tuple(choices) == ("classification", "qa", "regression")
+    assert tuple(choices) == ("classification", "qa", "causal-lm", "regression")
     cfg = parse_config(["--task", "regression", "--scale", "2"])
     assert isinstance(make_task(cfg), Regression) and cfg.task_options.scale == 2.0 and cfg.data == "builtin"
     with pytest.raises(CoreCPUError, match="^--doc-stride applies to --task qa, not to --task regression; drop it"):

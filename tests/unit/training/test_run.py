@@ -181,3 +181,31 @@ def test_steps_write_the_step_to_the_clock_and_nothing_to_the_run(clean_env):
         assert seen == [1, 2, 3] and steps.completed == 3 and steps.model is model
         assert {f.name: getattr(run, f.name) for f in dataclasses.fields(run)} == before
         assert "eval" in run.untimed_seconds
+
+
+def test_a_step_counting_items_gives_the_gradient_of_the_mean_over_all_of_them(clean_env):
+    """micro_batches(count=): batches of unequal item counts, each loss a mean over its items; the step's gradient
+    is that of the mean over every item of the step (not the mean of the batches' means)."""
+    torch.manual_seed(0)
+    xs = [torch.randn(n, 3) for n in (1, 5, 2, 4)]  # 2 steps of 2 micro-batches: (1, 5), (2, 4)
+    batches = [{"x": x, "items": len(x)} for x in xs]
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        loader = run.loader(batches, 1, shuffle=False, collate_fn=lambda items: items[0])  # an item: one batch
+        steps = run.steps(loader, max_steps=2, grad_accum=2)
+        model, _ = run.wrap(torch.nn.Linear(3, 1), None)
+        grads = []
+        for step in steps:
+            model.zero_grad()
+            for batch in step.micro_batches(count=lambda b: b["items"]):
+                assert step.weight == batch["items"]
+                step.backward(model(batch["x"]).square().mean())
+            grads.append(model.weight.grad.clone())
+    for got, (a, b) in zip(grads, [(xs[0], xs[1]), (xs[2], xs[3])]):
+        reference = torch.nn.Linear(3, 1)
+        reference.load_state_dict(model.state_dict())
+        reference(torch.cat([a, b])).square().mean().backward()
+        assert torch.allclose(got, reference.weight.grad, atol=1e-6)
+        unweighted = torch.nn.Linear(3, 1)
+        unweighted.load_state_dict(model.state_dict())
+        ((unweighted(a).square().mean() + unweighted(b).square().mean()) / 2).backward()
+        assert not torch.allclose(got, unweighted.weight.grad, atol=1e-4)  # the test tells the two apart

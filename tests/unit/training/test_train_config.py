@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from corecpu.errors import CoreCPUError
+from corecpu.tasks.causal_lm import CausalLMOptions
 from corecpu.tasks.classification import ClassificationOptions
 from corecpu.tasks.qa import QAOptions
 from corecpu.tasks.registry import build_parser, parse_config
@@ -38,8 +39,9 @@ def test_config_json_stays_flat_as_the_flags():
     flat = parse_config(["--precision", "fp32", "--threads", "1", "--label-column", "y"]).to_dict()
     assert flat["precision"] == "fp32" and flat["threads"] == 1 and flat["label_column"] == "y"
     assert "run" not in flat and "task_options" not in flat and "doc_stride" not in flat
-    qa_flags = {f.name for f in dataclasses.fields(QAOptions)}
-    assert set(flat) == {a.dest for a in build_parser()._actions if a.dest != "help"} - qa_flags
+    others = ({f.name for f in dataclasses.fields(QAOptions)} | {f.name for f in dataclasses.fields(CausalLMOptions)}) - {
+        f.name for f in dataclasses.fields(ClassificationOptions)}
+    assert set(flat) == {a.dest for a in build_parser()._actions if a.dest != "help"} - others
     qa = parse_config(["--task", "qa", "--doc-stride", "64"]).to_dict()
     assert qa["doc_stride"] == 64 and "label_column" not in qa
 
@@ -59,7 +61,10 @@ def test_a_config_json_from_before_the_sections_reads_for_either_task(tmp_path):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--lr", "0"], "--lr must be a positive number"),
+    (["--lr", "-1"], "--lr must be a positive number"),
+    (["--task", "causal-lm", "--data-format", "tsv"], "--data-format 'tsv' is not one of: auto, txt, jsonl, json"),
+    (["--task", "causal-lm", "--lora-r", "-2"], "--lora-r must be a positive rank"),
+    (["--task", "causal-lm", "--merge-lora"], "--merge-lora needs LoRA; pass --lora-r"),
     (["--warmup-ratio", "1"], "--warmup-ratio must be in [0, 1)"),
     (["--precision", "fp16"], "invalid choice: 'fp16'"),
     (["--max-steps", "-1"], "--max-steps must not be negative"),
