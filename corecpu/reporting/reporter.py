@@ -24,6 +24,7 @@ from corecpu.reporting.trackers import open_trackers
 from corecpu.compute import flops
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
+from corecpu.cpu.memory_use import memory_use
 from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_disk import process_start
@@ -187,7 +188,8 @@ class Reporter:
         elapsed = time.perf_counter() - self.started
         views = self.run.gather({"rank": self.run.rank, "host": self.reports[self.run.rank]["host"], "steps": steps,
                                  "final_loss": self.last_loss,
-                                 "param_checksum": float(sum(p.detach().double().sum() for p in model.parameters()))})
+                                 "param_checksum": float(sum(p.detach().double().sum() for p in model.parameters())),
+                                 **memory_use()})
         final = None
         if self.main:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,

@@ -45,6 +45,8 @@ class TaskOptions:
     default_max_seq_len: ClassVar[int] = 128  # --max-seq-len when 0
     default_model: ClassVar[str] = "default"  # what --model default means (MiniLM unless the task says)
     default_lr: ClassVar[float] = 1e-4  # --lr when 0
+    default_batch_size: ClassVar[int] = 16  # --batch-size when 0
+    default_epochs: ClassVar[int] = 3  # --epochs when 0
 
     def lr_for(self, cfg: TrainConfig) -> float:
         """--lr when it is 0: the task's default for the model (and adapter) in `cfg`."""
@@ -83,8 +85,8 @@ class TrainConfig:
     # -- the chosen task's own options (flat on the command line and in config.json, like the run options)
     task_options: TaskOptions | None = None
     # -- optimisation
-    batch_size: int = opt(16, "examples per rank per micro-step (global batch = this x ranks x --grad-accum)",
-                          defines_run=True)
+    batch_size: int = opt(0, "examples per rank per micro-step (global batch = this x ranks x --grad-accum); 0: the "
+                          "task's default (16; causal-lm 4 packed rows)", defines_run=True)
     grad_accum: int = opt(1, "micro-steps per optimizer step; gradients sync only on the last one", defines_run=True)
     lr: float = opt(0.0, "peak learning rate of AdamW; 0: the task's default (1e-4; causal-lm 1e-3 for its built-in "
                           "random model, 2e-5 for a --model directory, 2e-4 with --lora-r)", defines_run=True)
@@ -92,7 +94,7 @@ class TrainConfig:
     warmup_ratio: float = opt(0.1, "fraction of optimizer steps spent warming up linearly, then linear decay to 0",
                               defines_run=True)
     max_grad_norm: float = opt(1.0, "clip the global gradient norm to this (0 disables clipping)", defines_run=True)
-    epochs: int = opt(3, "passes over the training data", defines_run=True)
+    epochs: int = opt(0, "passes over the training data; 0: the task's default (3; causal-lm 8)", defines_run=True)
     max_steps: int = opt(0, "stop after this many optimizer steps (0: run all epochs)", defines_run=True)
     seed: int = opt(0, "base random seed; rank r uses seed + r where randomness must differ", defines_run=True)
     # -- how to run: the options corecpu.setup() takes (flat on the command line and in config.json)
@@ -120,6 +122,8 @@ class TrainConfig:
             if self.model == "default":
                 self.model = self.task_options.default_model
             self.lr = self.lr or self.task_options.lr_for(self)
+            self.batch_size = self.batch_size or self.task_options.default_batch_size
+            self.epochs = self.epochs or self.task_options.default_epochs
 
     def validate(self) -> TrainConfig:
         if self.task_options is None:

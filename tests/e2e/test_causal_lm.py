@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers.common import ROOT
-from helpers.launching import env_for_launch, launch, one_rank_vs_two
+from helpers.launching import crash_at_step, env_for_launch, launch, one_rank_vs_two, run_train
 
 CAUSAL = ["--task", "causal-lm", "--precision", "fp32", "--progress", "off"]
 
@@ -126,3 +126,32 @@ def test_one_rank_of_8_equals_two_ranks_of_4_with_packing(tmp_path):
               "--no-group-by-length"]
     a, _ = one_rank_vs_two(tmp_path, common, 6, read=lambda out: _records(out)[0])
     assert all(r["padding"] < 0.5 for r in a)
+
+
+def test_a_killed_lora_run_resumes_with_identical_losses(tmp_path):
+    """Packed rows, LoRA dropout (its random state per rank restored), grad-accum 2 across epoch boundaries."""
+    rows = [{"prompt": p, "completion": c} for p, c in _rows(120)]
+    data = _write_jsonl(tmp_path / "train.jsonl", rows)
+    common = [*CAUSAL, "--data", str(data), "--eval-data", "none", "--lora-r", "4", "--max-seq-len", "64",
+              "--batch-size", "2", "--grad-accum", "2", "--max-steps", "14", "--epochs", "20", "--log-every", "1",
+              "--save-every", "2"]
+    launch(2, *common, "--output-dir", str(tmp_path / "straight"), timeout=600)
+    out = tmp_path / "interrupted"
+    saved = crash_at_step(2, common, out, 9)
+    assert saved and 6 <= saved[-1] < 14, f"run was not interrupted mid-way: checkpoints {saved}"
+    launch(2, *common, "--output-dir", str(out), "--resume", "auto", timeout=600)
+    a, b = _records(tmp_path / "straight")[0], _records(out)[0]
+    assert [r["step"] for r in b] == list(range(1, 15)) and len({r["epoch"] for r in a}) > 2
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ([], "holds a bert model, which is not a causal language model; pass --model with a causal LM directory"),
+    (["--model", "llama-tiny", "--lora-r", "4", "--lora-target-modules", "query,v_proj"],
+     "--lora-target-modules query: this model has no such linear layer; it has down_proj,gate_proj,k_proj"),
+    (["--model", "llama-tiny", "--data", "MISSING.jsonl"], "MISSING.jsonl"),
+])
+def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, args, fragment):
+    """run_train passes --model tiny (a BERT) first; a later --model replaces it."""
+    _, last = run_train(tmp_path, "--task", "causal-lm", "--precision", "fp32", *args)
+    assert fragment in last, last

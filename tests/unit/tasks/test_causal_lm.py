@@ -25,7 +25,8 @@ def _llama() -> LlamaForCausalLM:
 
 def test_defaults_follow_the_model_and_the_adapter():
     cfg = parse_config(["--task", "causal-lm"])
-    assert (cfg.model, cfg.data, cfg.max_seq_len, cfg.lr) == ("llama-tiny", "sft", 256, 1e-3)
+    assert (cfg.model, cfg.data, cfg.max_seq_len, cfg.lr, cfg.batch_size, cfg.epochs) == ("llama-tiny", "sft", 128, 1e-3, 4, 8)
+    assert (parse_config([]).batch_size, parse_config([]).epochs) == (16, 3)
     assert parse_config(["--task", "causal-lm", "--lora-r", "8"]).lr == 2e-4
     assert parse_config(["--task", "causal-lm", "--model", "/models/x"]).lr == 2e-5
     assert parse_config(["--task", "causal-lm", "--lr", "3e-4"]).lr == 3e-4

@@ -68,7 +68,7 @@ def test_bad_yaml_names_the_line(tmp_path):
 
 
 def test_values_from_the_file_are_validated_like_flags(tmp_path):
-    with pytest.raises(CoreCPUError, match="--batch-size must be at least 1, got 0"):
-        parse_config(["--config", write(tmp_path, "c.json", '{"batch_size": 0}')])
+    with pytest.raises(CoreCPUError, match="--batch-size must be at least 1, got -2"):
+        parse_config(["--config", write(tmp_path, "c.json", '{"batch_size": -2}')])
     with pytest.raises(CoreCPUError, match="--progress 'sometimes' is not one of"):
         parse_config(["--config", write(tmp_path, "c.json", '{"progress": "sometimes"}')])
