@@ -38,24 +38,28 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class FlopCount:
-    params: int  # non-embedding parameters
+    params: int  # non-embedding parameters (an embedding tied to the output layer counts: it is a matmul there)
     layers: int  # attention layers (0: no transformer config found, attention not counted)
     width: int  # hidden size
+    frozen: int = 0  # of `params`, those not trained (a LoRA base): no weight gradient, 4 FLOPs a token, not 6
 
     def per_token(self, mean_len: float) -> float:
         """Training FLOPs per real token for examples of `mean_len` tokens on average."""
-        return 6.0 * self.params + 12.0 * self.layers * self.width * mean_len
+        return 6.0 * (self.params - self.frozen) + 4.0 * self.frozen + 12.0 * self.layers * self.width * mean_len
 
 
 def count_flops(model: torch.nn.Module) -> FlopCount:
     """The model's non-embedding parameters and, from a Hugging Face config, its attention shape."""
     model = unwrap(model)
-    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    params = sum(p.numel() for p in model.parameters() if id(p) not in embedding)
+    # A parameter counts when a module other than an embedding holds it: a tied output layer's weight counts once.
+    held = {id(p): p for m in model.modules() if not isinstance(m, torch.nn.Embedding)
+            for p in m.parameters(recurse=False)}
+    params = sum(p.numel() for p in held.values())
+    frozen = sum(p.numel() for p in held.values() if not p.requires_grad)
     config = getattr(model, "config", None)
     layers = _first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
     width = _first_int(config, ("hidden_size", "n_embd", "d_model"))
-    return FlopCount(params, layers if width else 0, width if layers else 0)
+    return FlopCount(params, layers if width else 0, width if layers else 0, frozen)
 
 
 def _first_int(config: object, names: Sequence[str]) -> int:

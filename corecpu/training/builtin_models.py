@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from transformers.utils import logging as hf_logging
 
 from corecpu import atomic, envvars
 from corecpu.data.builtin_sft import tokenizer_corpus
@@ -139,13 +139,15 @@ def _write(name: str, directory: Path) -> None:
     tokenizer = train_tokenizer(BUILTIN_CAUSAL[name].max_positions)
     model = build_model(causal_config(name, tokenizer))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a shard-writing bar per rank on first use says nothing
-    try:
-        model.save_pretrained(directory)
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+    # Not model.save_pretrained: under an initialised process group transformers writes only on rank 0, and
+    # whichever rank of a host takes the lock first builds. The same files, written here by any rank.
+    model.config.save_pretrained(directory)
+    model.generation_config.save_pretrained(directory)
+    state = model.state_dict()
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # the embedding itself, listed once as save_pretrained does
+    save_file({k: v.contiguous() for k, v in state.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
     tokenizer.save_pretrained(directory)
 
 

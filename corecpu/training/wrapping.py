@@ -23,6 +23,7 @@ from corecpu.compute import ipex as _ipex
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
+from corecpu.distributed.process_group import gather_objects
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
@@ -110,11 +111,28 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         # (batch norm) change during training, and only they need rank 0's copy each step.
         # Gradients written straight into the all-reduce buckets save a copy of every gradient.
         sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
+        _keep_frozen_weights_shared(model)
         model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
         ddp_hook().register(model)  # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint), optimizer
+
+
+def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
+    """Collective: let DDP skip its start-up broadcast of frozen parameters when every rank already holds the same.
+
+    transformers maps a safetensors file's weights straight from the page cache (copy-on-write), so the ranks
+    of one host share one copy of a frozen base (LoRA) until something writes into it; DDP's broadcast of rank
+    0's values would write every page and give each rank a private copy. Skipped only where a checksum of the
+    frozen values agrees on every rank (they came from the same file and seed); else DDP broadcasts as usual."""
+    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+    if not frozen:
+        return
+    with torch.no_grad():
+        checksum = [(float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p))) for _, p in frozen]
+    if len({tuple(c) for c in gather_objects(checksum)}) == 1:  # reading pages shares them; writing would not
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in frozen])
 
 
 def _has_running_stats(model: torch.nn.Module) -> bool:

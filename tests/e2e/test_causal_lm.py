@@ -51,13 +51,18 @@ def test_lora_adapter_loads_and_gives_the_reported_eval_loss(tmp_path):
            "--merge-lora", "--output-dir", str(out), timeout=600)
     final = out / "final"
     assert (final / "adapter_config.json").is_file() and not (final / "model.safetensors").exists()
+    # The two ranks share one copy of the frozen base through the page cache (PSS splits shared pages).
+    from corecpu.training.modeling import resolve_model_dir
+    one_copy = (resolve_model_dir("llama-tiny") / "model.safetensors").stat().st_size / 2**20
+    ranks = json.loads((out / "summary.json").read_text())["ranks"]
+    held = sum(r["weights_pss_mb"] for r in ranks)
+    assert 0.5 * one_copy < held <= 1.25 * one_copy, (held, one_copy)
     _, evals = _records(out)
     reported = evals[-1]["eval_loss"]
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from corecpu.training.modeling import resolve_model_dir
     base = AutoModelForCausalLM.from_pretrained(resolve_model_dir("llama-tiny"))
     model = PeftModel.from_pretrained(base, final).eval()
     merged = AutoModelForCausalLM.from_pretrained(final / "merged").eval()

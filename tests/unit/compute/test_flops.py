@@ -64,3 +64,12 @@ def test_mfu_is_achieved_over_measured_and_shown_in_the_step_line():
 def test_a_real_measurement_is_a_plausible_rate():
     rate = flops.time_matmul("fp32", size=256, repeats=3)
     assert 1e8 < rate < 1e14  # FLOP/s: a slow core to a large socket
+
+
+def test_a_tied_output_layer_counts_and_a_frozen_base_costs_four_flops_a_token():
+    emb, head, body = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50, bias=False), torch.nn.Linear(8, 8)
+    head.weight = emb.weight  # tied, as in Llama-style models
+    body.requires_grad_(False)  # a frozen base (LoRA trains adapters beside it)
+    count = flops.count_flops(torch.nn.Sequential(emb, body, head))
+    assert (count.params, count.frozen) == (400 + 72, 72)
+    assert count.per_token(10) == 6 * 400 + 4 * 72  # no transformer config: attention not counted

@@ -178,3 +178,13 @@ def test_modeling_accepts_llama_135m_whose_embedding_is_larger_than_its_tokenize
 def test_bert_names_are_unchanged():
     assert modeling.weights_bytes("tiny") == 0
     assert not is_builtin_causal("tiny") and "llama-tiny" in BUILTIN_CAUSAL
+
+
+def test_any_rank_of_a_job_builds_the_whole_directory(tmp_path, monkeypatch):
+    """transformers' save_pretrained writes nothing on a rank other than 0 of an initialised process group; the
+    rank of a host that takes the build lock first may be any rank."""
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda *a, **k: 1)
+    built = builtin_model_dir("llama-tiny")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in built.iterdir()}
