@@ -56,7 +56,7 @@ def test_ccl_backend_without_bindings(tmp_path):
 
 
 def test_bad_numbers(tmp_path):
-    _, line = run_train(tmp_path, "--batch-size", "0")
+    _, line = run_train(tmp_path, "--batch-size", "-1")  # 0 means the task's default
     assert "--batch-size must be at least 1" in line
 
 
