@@ -27,6 +27,7 @@ from corecpu.tasks.causal_eval import eval_loss, generate_share, write_generatio
 from corecpu.training.builtin_models import is_builtin_causal
 from corecpu.training.causal_model import load_causal_lm
 from corecpu.training.modeling import resolve_model_dir
+from corecpu.training.memory_budget import ModelShape, check_fits, estimate, node_budget
 from corecpu.training.lora import LoraSettings, add_lora, merged_copy, trainable_summary
 from corecpu.training.run import Run
 from corecpu.training.run_options import opt
@@ -103,10 +104,12 @@ class TaskData:
     train: CausalData
     eval: CausalData | None
     baseline: float | None = None  # the unigram guess's exact match on the built-in set's held-out split
+    tokenized_notes: list[str] = field(default_factory=list)  # features() adds them (truncation), before they print
+    memory: str = ""  # features() sets it: the memory estimate, for describe()
 
     @property
     def notes(self) -> list[str]:
-        return list(self.train.notes) + (list(self.eval.notes) if self.eval else [])
+        return list(self.train.notes) + (list(self.eval.notes) if self.eval else []) + self.tokenized_notes
 
 
 @dataclass
@@ -115,7 +118,6 @@ class _Held:
 
     tokenizer: Any = None
     eval_tokens: Tokenized | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 class CausalLM:
@@ -179,9 +181,21 @@ class CausalLM:
         train = tokenize_causal(data.train, tokenizer, cfg.max_seq_len, completion_only_loss=opts.completion_only_loss)
         held = (tokenize_causal(data.eval, tokenizer, cfg.max_seq_len, completion_only_loss=opts.completion_only_loss)
                 if data.eval else None)
-        self._held = _Held(tokenizer, held, [n for n in (_cut(train, "training"), _cut(held, "eval")) if n])
+        self._held = _Held(tokenizer, held)
+        data.tokenized_notes[:] = [n for n in (_cut(train, "training"), _cut(held, "eval")) if n]
+        data.memory = self._check_memory(run.launch.local_world_size)
         return (CausalFeatures(train, cfg.max_seq_len, opts.packing),
                 CausalFeatures(held, cfg.max_seq_len, opts.packing) if held else None)
+
+    def _check_memory(self, local_ranks: int) -> str:
+        """Refuse in one line a run the node cannot hold (corecpu.training.memory_budget); else say what it takes."""
+        opts = self.options
+        est = estimate(ModelShape.of(self._model), batch=self.cfg.batch_size, seq=self.cfg.max_seq_len,
+                       lora=bool(opts.lora_r), checkpointing=opts.gradient_checkpointing)
+        limit, available = node_budget(local_ranks)
+        check_fits(est, local_ranks, limit=limit, available=available, lora=bool(opts.lora_r),
+                   checkpointing=opts.gradient_checkpointing)
+        return f"memory {est.describe(local_ranks)}, estimated (summary.json: each rank's peak)"
 
     def collate(self, tokenizer: Any):  # noqa: ANN201 - a collate function
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -195,7 +209,8 @@ class CausalLM:
         base = f"; unigram baseline exact match {data.baseline:.3f}" if data.baseline is not None else ""
         how = "packed" if self.options.packing else "one per row"
         return (f"{len(data.train)} train / {held} examples ({data.train.kind.replace('_', '/')}, {how}, "
-                f"loss on {'completions' if self.options.completion_only_loss else 'every token'}){base}")
+                f"loss on {'completions' if self.options.completion_only_loss else 'every token'}){base}"
+                + (f"; {data.memory}" if data.memory else ""))
 
     def evaluate(self, run: Run, model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
         with run.evaluating(model):

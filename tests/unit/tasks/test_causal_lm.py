@@ -73,3 +73,23 @@ def test_eval_loss_sums_every_label_token_and_skips_filler_rows():
     loss, tokens = token_loss_sums(logits, labels, torch.tensor([True, False]))
     want = torch.nn.functional.cross_entropy(logits[0, :2], labels[0, 1:3], reduction="sum")
     assert tokens == 2 and loss == pytest.approx(float(want), rel=1e-6)
+
+
+def test_a_run_the_node_cannot_hold_stops_before_training_and_one_that_fits_says_what_it_takes(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from corecpu.tasks import causal_lm
+    from corecpu.tasks.registry import make_task
+    from corecpu.training.modeling import load_tokenizer
+
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path))
+    cfg = parse_config(["--task", "causal-lm", "--output-dir", str(tmp_path / "out")])
+    task = make_task(cfg)
+    data = task.load()
+    task.model(data)
+    tokenizer, run = load_tokenizer(cfg.model), SimpleNamespace(launch=SimpleNamespace(local_world_size=2))
+    task.features(data, tokenizer, run)
+    assert "; memory about " in task.describe(data) and "2 rank(s) x" in task.describe(data)
+    monkeypatch.setattr(causal_lm, "node_budget", lambda local_ranks: (None, 64 * 2**20))
+    with pytest.raises(CoreCPUError, match="but the memory available on this host is 64 MB; use train LoRA adapters"):
+        task.features(data, tokenizer, run)
