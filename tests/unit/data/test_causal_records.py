@@ -9,21 +9,11 @@ import sys
 import pytest
 
 from corecpu.data.causal_records import CausalData, read_causal_data
-from corecpu.errors import CoreCPUError
+from helpers.one_line import one_line_error
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
         {"role": "assistant", "content": "Paris."}]
 CHAT_ROW = (("system", "Be brief."), ("user", "Capital of France?"), ("assistant", "Paris."))
-
-
-def one_line_error(call, *needles: str) -> str:
-    with pytest.raises(CoreCPUError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message, message
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 def jsonl(path, rows) -> str:

@@ -7,7 +7,7 @@ import pytest
 
 from corecpu.data.causal_records import CausalData
 from corecpu.data.causal_tokens import tokenize_causal
-from corecpu.errors import CoreCPUError
+from helpers.one_line import one_line_error
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
@@ -37,16 +37,6 @@ def make_tokenizer(*, adds_bos: bool = False, chat_template: str | None = CHATML
 @pytest.fixture(scope="module")
 def tok():
     return make_tokenizer()
-
-
-def one_line_error(call, *needles: str) -> str:
-    with pytest.raises(CoreCPUError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message, message
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 def enc(tokenizer, text: str) -> list[int]:

@@ -18,7 +18,7 @@ from corecpu.data.qa import (
     load_squad_json,
     write_squad_json,
 )
-from corecpu.errors import CoreCPUError
+from helpers.one_line import one_line_error
 
 CONTEXT = "Paris is the capital of France. Lyon is its third city."
 EXAMPLES = [
@@ -45,16 +45,6 @@ def write_json(path, doc) -> str:
 def flat_rows(examples) -> list[dict]:
     return [{"id": e.id, "question": e.question, "context": e.context,
              "answers": {"text": list(e.answer_texts), "answer_start": list(e.answer_starts)}} for e in examples]
-
-
-def one_line_error(call, *needles: str) -> str:
-    with pytest.raises(CoreCPUError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message, message
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 # ---------------------------------------------------------------- round trips and loaders
