@@ -170,7 +170,7 @@ class CausalLM:
         model.config.use_cache = False  # training: no key/value cache to keep
         lora = self.options.lora()
         if lora:
-            model = add_lora(model, lora)
+            model = add_lora(model, lora, self.cfg.seed)
             desc += f"; {lora.describe()}; {trainable_summary(model)}"
         self._model = model
         return model, desc

@@ -42,8 +42,11 @@ def check_targets(model: torch.nn.Module, targets: tuple[str, ...]) -> None:
                            f"it has {','.join(have)}")
 
 
-def add_lora(model: torch.nn.Module, settings: LoraSettings) -> Any:
-    """`model` with LoRA adapters (a peft PeftModel); every other parameter frozen."""
+def add_lora(model: torch.nn.Module, settings: LoraSettings, seed: int) -> Any:
+    """`model` with LoRA adapters (a peft PeftModel); every other parameter frozen. The adapters' random
+    initialisation (peft draws A from the global RNG) depends on `seed` alone, not on whatever drew random
+    numbers before: the same on every rank, and reproducible outside corecpu: torch.manual_seed(seed) right
+    before get_peft_model with the same LoraConfig gives the same adapters (benchmarks/trl_sft.py does)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
@@ -52,7 +55,9 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings) -> Any:
         check_targets(model, settings.target_modules)
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",
                         target_modules=list(settings.target_modules) or "all-linear", task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
 
 
 def trainable_summary(model: torch.nn.Module) -> str:

@@ -43,7 +43,7 @@ def test_lora_targets_the_model_lacks_are_named_with_the_ones_it_has():
 
 
 def test_lora_freezes_the_base_and_trains_only_adapters():
-    model = add_lora(_llama(), LoraSettings(4, 8.0, 0.0, ()))
+    model = add_lora(_llama(), LoraSettings(4, 8.0, 0.0, ()), 0)
     trained = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trained and all("lora_" in n for n in trained)
     assert not any("lm_head" in n for n in trained)  # all-linear leaves the output layer alone
