@@ -1,6 +1,7 @@
-"""Kubernetes: the example manifests against the operators' real CRDs (tests/crds/, strictly), the
-Dockerfile's rules, and launcher detection with exactly the variables each operator sets (the PyTorchJob's
-command run across two namespace "pods": tests/e2e/test_kubernetes_pods.py).
+"""Kubernetes, the v1 operators (PyTorchJob, MPIJob; Trainer v2's TrainJob: test_kubernetes_trainer.py): the
+example manifests against the operators' real CRDs (tests/crds/, strictly), the Dockerfile's rules, and
+launcher detection with exactly the variables each operator sets (the PyTorchJob's command run across two
+namespace "pods": tests/e2e/test_kubernetes_pods.py).
 
 Variables, from the operators' sources:
 - Kubeflow training-operator v1.9, PyTorchJob kubeflow.org/v1 (pkg/controller.v1/pytorch/envvar.go,
@@ -28,7 +29,7 @@ from corecpu.distributed.process_group import master_address
 from corecpu.errors import CoreCPUError
 from corecpu.cluster.launchers import detect_launcher
 from helpers.common import ROOT
-from helpers.kubernetes import POD, load, pytorchjob_pod_env
+from helpers.kubernetes import POD, dockerfile, image_user, load, pytorchjob_pod_env, rename_key, run_with_stubs
 
 MPIJOB_LAUNCHER_ENV = {**POD, "K_MPI_JOB_ROLE": "launcher", "I_MPI_HYDRA_HOST_FILE": "/etc/mpi/hostfile",
                        "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS": "-o ConnectionAttempts=10", "I_MPI_PERHOST": "2",
@@ -74,16 +75,6 @@ def test_mpijob_intel_rank():
 # ---------------------------------------------------------------- the upstream CRDs, strictly
 
 
-@pytest.fixture
-def crds():
-    """helpers.crds, where the test extra (pyyaml, jsonschema) is installed."""
-    pytest.importorskip("yaml")
-    pytest.importorskip("jsonschema")
-    from helpers import crds
-
-    return crds
-
-
 def pods(job: dict, key: str) -> dict[str, dict]:
     return {role: spec["template"]["spec"] for role, spec in job["spec"][key].items()}
 
@@ -91,17 +82,6 @@ def pods(job: dict, key: str) -> dict[str, dict]:
 @pytest.mark.parametrize("name", ["pytorchjob.yaml", "mpijob.yaml"])
 def test_manifest_validates_against_the_upstream_crd(crds, name):
     assert crds.errors(load(name)) == []
-
-
-def _typo(path: list, wrong: str):
-    """A mutation: rename the key at `path` (a list of keys and indices) to `wrong`."""
-    def mutate(job: dict) -> None:
-        *parents, key = path
-        obj = job
-        for p in parents:
-            obj = obj[p]
-        obj[wrong] = obj.pop(key)
-    return mutate
 
 
 MPI_WORKER = ["spec", "mpiReplicaSpecs", "Worker", "template", "spec"]
@@ -119,7 +99,7 @@ PT_MASTER = ["spec", "pytorchReplicaSpecs", "Master", "template", "spec"]
 ])
 def test_a_typo_at_any_depth_is_rejected(crds, name, path, wrong):
     job = load(name)
-    _typo(path, wrong)(job)
+    rename_key(job, path, wrong)
     found = crds.errors(job)
     assert found and any(repr(wrong) in e for e in found), found
 
@@ -248,24 +228,11 @@ def test_mpijob_launcher_waits_for_ready_workers():
 
 def run_launcher(tmp_path, workers: int, slots: int, getent: str = "exit 0") -> subprocess.CompletedProcess:
     """The launcher's script with the operator's variables and hostfile, and stand-ins for mpirun, getent, sleep."""
-    bash = shutil.which("bash")
-    if bash is None:
-        pytest.skip("bash not found")
     launcher = load("mpijob.yaml")["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{WORKER.format(i=i)}:{slots}\n" for i in range(workers)))
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    stubs = {"mpirun": 'echo "MASTER_ADDR=$MASTER_ADDR I_MPI_PIN=$I_MPI_PIN ARGS=$*"',
-             "getent": f'echo "$*" >> {tmp_path}/getent.log; {getent}', "sleep": "exit 0"}
-    for name, body in stubs.items():
-        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
-        (bindir / name).chmod(0o755)
-    env = {**MPIJOB_LAUNCHER_ENV, "I_MPI_HYDRA_HOST_FILE": str(hostfile), "I_MPI_PERHOST": str(slots),
-           "PATH": f"{bindir}:/usr/bin:/bin"}
-    argv = launcher["command"] + launcher.get("args", [])
-    assert argv[0] == "bash"
-    return subprocess.run([bash, *argv[1:]], env=env, capture_output=True, text=True, timeout=30)
+    env = {**MPIJOB_LAUNCHER_ENV, "I_MPI_HYDRA_HOST_FILE": str(hostfile), "I_MPI_PERHOST": str(slots)}
+    return run_with_stubs(tmp_path, launcher["command"] + launcher.get("args", []), env, getent)
 
 
 @pytest.mark.parametrize("workers, slots", [(2, 2), (3, 4)])
@@ -296,19 +263,6 @@ def test_launcher_gives_up_on_a_worker_that_never_resolves(tmp_path):
 
 
 # ---------------------------------------------------------------- Dockerfile
-
-
-def dockerfile() -> list[str]:
-    # instructions with continuation lines joined
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def image_user() -> str:
-    """The Dockerfile's last USER, which must be numeric: a name cannot be checked by runAsNonRoot."""
-    users = [line.split()[1].split(":")[0] for line in dockerfile() if line.upper().startswith("USER ")]
-    assert users and users[-1].isdigit(), f"USER must be a numeric UID for runAsNonRoot, got {users}"
-    return users[-1]
 
 
 def test_dockerfile_rules():
