@@ -21,7 +21,8 @@ dataloader_num_workers 0.
 Rank 0 writes --out-json: each step's loss (token-weighted over all ranks, as corecpu's), the training seconds
 (SFTTrainer's train_runtime), the tokens trained (TRL's own num_tokens count: non-pad input tokens, all ranks),
 the eval loss after training (mean next-token loss over the eval file's completion tokens, fp32, computed here the
-same way corecpu's eval_loss does) and each rank's peak RSS.
+same way corecpu's eval_loss does) and each rank's peak RSS. The trained model (or adapter) is saved, as a user
+saves it (corecpu writes final/ and a last checkpoint), to a temporary directory.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def main() -> None:
             ds = trainer.train_dataset
             args.dump_tokens.write_text(json.dumps({"input_ids": list(ds["input_ids"]), "labels": list(ds["labels"])}))
         result = trainer.train()
+        trainer.save_model(out_dir)  # as a user does: the model (or adapter) to keep; corecpu writes final/
         world = trainer.args.world_size
         losses = step_losses(trainer.losses, world)
         tokens = int(trainer._total_train_tokens)  # TRL's num_tokens: non-pad inputs of every rank

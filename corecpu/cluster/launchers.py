@@ -209,6 +209,32 @@ class KubeflowPyTorchJob(Launcher):
         return LaunchInfo(cls.name, rank, size, 0, 1)
 
 
+class KubeflowTrainJob(Launcher):
+    """A Kubeflow Trainer v2 (TrainJob) pod whose command is the training script itself, not torchrun.
+
+    The Trainer's torch runtime sets only torchrun's defaults (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+    PET_MASTER_ADDR/PORT), no RANK: without torchrun each pod would train alone, silently. One pod of one
+    process is a plain single run; anything larger needs torchrun (examples/kubernetes/runtime-torch.yaml).
+    """
+
+    name = "kubeflow-trainjob"
+    rank_var, size_var = "PET_NODE_RANK", "PET_NNODES"
+    local_rank_var, local_size_var = None, None
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return "PET_NNODES" in env and "RANK" not in env and "LOCAL_RANK" not in env
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchInfo:
+        nodes, nproc = env.get("PET_NNODES", "1"), env.get("PET_NPROC_PER_NODE", "1")
+        if nodes != "1" or (nproc.isdigit() and int(nproc) > 1):
+            raise CoreCPUError(f"{cls.name}: the TrainJob asks for {nodes} node(s) x {nproc} process(es) but this pod "
+                               "started the script without torchrun, so it would train alone; start the container's "
+                               "command with torchrun (it reads the PET_* variables), as runtime-torch.yaml does")
+        return LaunchInfo(cls.name, 0, 1, 0, 1)
+
+
 def slurm_master_addr(env: Mapping[str, str]) -> str | None:
     """First host of the step's (else the job's) node list: where srun and mpirun put rank 0."""
     import hostlist  # python-hostlist: Slurm's own bracket syntax, node[01-04,07]
@@ -256,7 +282,7 @@ class Single(Launcher):
         return LaunchInfo(cls.name, 0, 1, 0, 1)
 
 
-LAUNCHERS: tuple[type[Launcher], ...] = (KubeflowPyTorchJob, TorchElastic, OpenMPI, MVAPICH, IntelMPI, Slurm)
+LAUNCHERS: tuple[type[Launcher], ...] = (KubeflowPyTorchJob, KubeflowTrainJob, TorchElastic, OpenMPI, MVAPICH, IntelMPI, Slurm)
 _BY_NAME = {cls.name: cls for cls in (*LAUNCHERS, Single)}
 
 

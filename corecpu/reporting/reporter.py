@@ -138,7 +138,7 @@ class Reporter:
             self._timed_tokens += stats["tokens"]
         self.last_loss = stats["loss"]
         record = {"step": step, "epoch": epoch, "loss": stats["loss"], "lr": lr, "samples": int(stats["samples"]),
-                  "samples_per_s": sps,
+                  "tokens": int(stats["tokens"]), "samples_per_s": sps,
                   "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)}
         if "padding" in stats:
             record["padding"] = round(stats["padding"], 4)

@@ -22,7 +22,6 @@ import pytest
 from helpers.common import ROOT
 from helpers.launching import launch
 
-pytest.importorskip("trl", reason="the test extra installs trl")
 
 BATCH, EXAMPLES, SEED = 8, 96, 3
 

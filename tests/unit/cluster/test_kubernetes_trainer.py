@@ -277,3 +277,23 @@ def test_launcher_gives_up_on_a_node_that_never_resolves(tmp_path):
     r = run_launcher(tmp_path, 2, 2, getent='case "$2" in *node-0-1*) exit 2;; esac')
     assert r.returncode != 0 and "ARGS=" not in r.stdout
     assert r.stderr.strip() == "launcher: node corecpu-mpi-node-0-1.corecpu-mpi does not resolve after 120 s; check its pod"
+
+
+# ---------------------------------------------------------------- a TrainJob pod started without torchrun
+
+TRAINJOB_POD = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "1",
+                "PET_MASTER_ADDR": "corecpu-train-node-0-0.corecpu-train", "PET_MASTER_PORT": "29400"}
+
+
+def test_trainjob_pod_without_torchrun_is_refused_not_trained_alone():
+    from corecpu.cluster.launchers import detect_launcher
+    from corecpu.errors import CoreCPUError
+    with pytest.raises(CoreCPUError) as err:
+        detect_launcher(TRAINJOB_POD)
+    assert "torchrun" in str(err.value) and "\n" not in str(err.value)
+    one = detect_launcher({**TRAINJOB_POD, "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "0"})
+    assert (one.launcher, one.rank, one.world_size) == ("kubeflow-trainjob", 0, 1)
+    # torchrun's children carry RANK and LOCAL_RANK: read as torchrun, as any other torchrun job.
+    child = detect_launcher({**TRAINJOB_POD, "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                             "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})
+    assert (child.launcher, child.rank, child.world_size, child.local_rank) == ("torchrun", 3, 4, 1)
