@@ -33,7 +33,7 @@ from corecpu.cpu.placement import PlanRequest, make_plan
 from corecpu.cpu.sharing import decide_binding, gather_evidence
 from corecpu.cpu.threads import check_omp_num_threads
 from corecpu.cpu.topology import detect_topology, read_topology
-from corecpu.errors import CoreCPUError, run_cli
+from corecpu.errors import CoreCPUError, install_extra, run_cli
 from corecpu.launching import job_watch
 from corecpu.launching.launch_args import LaunchRequest, build_parser, parse_args  # noqa: F401 (callers' names)
 from corecpu.launching.rank_logs import failure_summary
@@ -130,11 +130,11 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
 
     launcher = req.launcher or ("mpirun" if which("mpirun") else "torchrun" if which("torchrun") else None)
     if launcher is None:
-        raise CoreCPUError("neither mpirun nor torchrun found; pip install 'corecpu[mpi]' (or activate the env that has torch)")
+        raise CoreCPUError(f"neither mpirun nor torchrun found; {install_extra('mpi')}, or activate the env that has torch")
     if req.hostfile is None and nnodes > 1 and req.launcher is None:
         launcher = "torchrun"  # one launcher per node, as torchrun runs (launch_args.check refused mpirun)
     if launcher == "torchrun" and req.hostfile:
-        raise CoreCPUError("-f HOSTFILE needs mpirun; pip install 'corecpu[mpi]', or run torchrun on each host yourself")
+        raise CoreCPUError(f"-f HOSTFILE needs mpirun; {install_extra('mpi')}, or run torchrun on each host yourself")
     backend = _script_option(req.script_args, "--backend") if Path(req.script).name == "train.py" else None
     if backend:
         env[envvars.BACKEND] = backend  # so bind reserves a CCL worker core when ccl is asked for
