@@ -56,9 +56,9 @@ case "$1" in
   --setup-only) setup_only=1; extras="${2:-}"; set -- 1 ;;
 esac
 # N first, or launcher options only (--nproc-per-node 2, as torchrun): corecpu launch parses the rest.
-if [[ "$1" != -* ]]; then
+if [[ "$1" != -* || "$1" =~ ^-[0-9]+$ ]]; then
   [[ "$1" =~ ^[0-9]+$ ]] || die "N must be a whole number of ranks, got '$1'; e.g. ./launch.sh 2"
-  (( $1 >= 1 )) || die "N must be at least 1, got $1; e.g. ./launch.sh 2"
+  (( 10#$1 >= 1 )) || die "N must be at least 1, got $1; e.g. ./launch.sh 2"
 fi
 dry_run=0
 for a in "$@"; do [[ "$a" == --dry-run ]] && dry_run=1; [[ "$a" == *.py ]] && break; done
