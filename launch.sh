@@ -7,11 +7,14 @@
 #   ./launch.sh 2 my_loop.py --my-args      # your own loop on corecpu.setup(), same binding
 #   ./launch.sh 8 -f hosts --ppn 4 --data train.tsv
 #   ./launch.sh 2 --dry-run                 # print the command, environment and plan; run nothing
+#   ./launch.sh 2 --log-dir logs --tee 3    # torchrun's options, with torchrun's meanings (corecpu launch --help)
 #   ./launch.sh --with-ccl [2 --backend ccl] # first build the oneCCL bindings (corecpu build-ccl; cached)
 #
-# First use creates .venv (unless a virtualenv is active) and installs corecpu with
-# torch pinned by constraints.txt. Each rank is bound to its own cores by
-# `python -m corecpu.bind` before torch starts, from a plan each node makes for itself.
+# First use creates .venv (unless a virtualenv is active) and installs corecpu with torch pinned by
+# constraints.txt: the CPU build, from PyTorch's CPU index, unless you chose an index yourself
+# (corecpu/launching/install.py says how). `source .venv/bin/activate` then puts corecpu, python and
+# mpirun on PATH. Each rank is bound to its own cores by `python -m corecpu.bind` before torch starts,
+# from a plan each node makes for itself.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,18 +23,24 @@ warn() { echo "launch.sh: warning: $*" >&2; }
 
 usage() {
   cat <<'EOF'
-usage: ./launch.sh [--with-ccl] N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [--log-dir DIR] [SCRIPT.py] [args...]
+usage: ./launch.sh [--with-ccl] N [launcher options] [SCRIPT.py] [args...]
+       ./launch.sh --setup-only [EXTRAS]
   --with-ccl     first build and install the oneCCL bindings for --backend ccl (corecpu build-ccl; a cached
                  build installs in seconds); alone, it only does that
-  N              total number of ranks (processes)
+  N              total number of ranks (processes); or, as torchrun, --nproc-per-node P instead
   -f HOSTFILE    spread ranks over the hosts in HOSTFILE (one per line) with mpirun; rank 0's host first
-  --ppn P        ranks per host with -f (default: N divided evenly over the hosts)
+  --ppn P        ranks per host, also --nproc-per-node (default: N divided evenly over the hosts)
+  --nnodes M --node-rank R --master-addr HOST --master-port PORT   torchrun's, with torchrun's meanings
+  --oversubscribe  allow more ranks than cores: ranks share them, 1 thread each (slow; for testing)
   --dry-run      print the launch command, its environment and this host's plan; run nothing
   --launcher L   force mpirun or torchrun (default: mpirun if found, else torchrun)
-  --log-dir DIR  each rank's stdout and stderr to DIR/rank-N.log; a failed job prints the failed ranks' last lines
-  SCRIPT.py      a first argument ending in .py is the script to run (default: train.py);
+  --log-dir DIR  each rank's stdout and stderr to DIR/rank-N.log, local rank 0's on the console too;
+                 torchrun's --redirects SPEC, --tee SPEC and --local-ranks-filter LIST choose otherwise
+  SCRIPT.py      a SCRIPT.py among these options is the script to run (default: train.py);
                  everything after it is the script's
-Everything else goes to train.py (see: python train.py --help).
+Everything else goes to train.py (see: python train.py --help); every option: corecpu launch --help.
+  --setup-only [EXTRAS]  only set up the environment, with corecpu's extras (e.g. report or
+                 datasets,tensorboard), and print its python
 EOF
 }
 
@@ -43,12 +52,14 @@ fi
 [[ $# -ge 1 ]] || { usage >&2; exit 2; }
 case "$1" in
   -h|--help) usage; exit 0 ;;
-  # used by test.sh: prepare the environment (with the extras named, e.g. test), print its python
+  # used by test.sh and CI: prepare the environment (with the extras named, e.g. test), print its python
   --setup-only) setup_only=1; extras="${2:-}"; set -- 1 ;;
 esac
-nranks_arg="$1"; shift
-[[ "$nranks_arg" =~ ^-?[0-9]+$ ]] || die "N must be a whole number of ranks, got '$nranks_arg'; e.g. ./launch.sh 2"
-(( nranks_arg >= 1 )) || die "N must be at least 1, got $nranks_arg; e.g. ./launch.sh 2"
+# N first, or launcher options only (--nproc-per-node 2, as torchrun): corecpu launch parses the rest.
+if [[ "$1" != -* || "$1" =~ ^-[0-9]+$ ]]; then
+  [[ "$1" =~ ^[0-9]+$ ]] || die "N must be a whole number of ranks, got '$1'; e.g. ./launch.sh 2"
+  (( 10#$1 >= 1 )) || die "N must be at least 1, got $1; e.g. ./launch.sh 2"
+fi
 dry_run=0
 for a in "$@"; do [[ "$a" == --dry-run ]] && dry_run=1; [[ "$a" == *.py ]] && break; done
 
@@ -59,41 +70,62 @@ if [[ -n "${VIRTUAL_ENV:-}" || -n "${CONDA_PREFIX:-}" ]]; then
 else
   py="$here/.venv/bin/python"
 fi
+env_dir="$(dirname "$(dirname "$py")")"
 stamp_of() { cat "$here/pyproject.toml" "$here/constraints.txt" | cksum | cut -d' ' -f1; }
-stamp_file="$(dirname "$py")/../.corecpu-installed"
-# The stamp holds the checksum of what was installed and the extras installed with it.
+stamp_file="$env_dir/.corecpu-installed"
+# The stamp holds the checksum of what was installed and the extras installed with it (comma-separated).
 stamp_sum="" stamp_extras=""
 [[ -f "$stamp_file" ]] && read -r stamp_sum stamp_extras < "$stamp_file" || true
-if [[ "${stamp_sum:-}" != "$(stamp_of)" || ( -n "$extras" && ",${stamp_extras:-}," != *",$extras,"* ) ]]; then
+[[ "${stamp_sum:-}" == "$(stamp_of)" ]] || stamp_extras=""
+need=0
+[[ "${stamp_sum:-}" == "$(stamp_of)" ]] || need=1
+IFS=',' read -r -a wanted <<< "$extras"
+for e in "${wanted[@]}"; do
+  [[ -z "$e" || ",${stamp_extras:-}," == *",$e,"* ]] || need=1
+done
+# Where torch comes from: corecpu/launching/install.py decides (PyTorch's CPU index unless the user chose an
+# index, has torch, or set CORECPU_TORCH_INDEX), run from the checkout: corecpu is not installed yet.
+torch_words() {
+  local words
+  words="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$1" -m corecpu.install first-install "$here/constraints.txt")" \
+    || die "could not decide where torch comes from (python -m corecpu.install failed above)"
+  mapfile -t pip_words <<< "$words"
+  how="${pip_words[0]}"; pip_words=("${pip_words[@]:1}")
+}
+if (( need )); then
   # mpi (Intel MPI's mpirun, mpi4py), demo (the default model) and lora (peft) always: the README's commands
-  # need them.
-  target="$here[mpi,demo,lora${extras:+,$extras}]"
+  # need them. Extras installed before (./launch.sh --setup-only report) stay.
+  all_extras="$stamp_extras"
+  for e in "${wanted[@]}"; do
+    [[ -z "$e" || ",$all_extras," == *",$e,"* ]] || all_extras="${all_extras:+$all_extras,}$e"
+  done
+  target="$here[mpi,demo,lora${all_extras:+,$all_extras}]"
   if (( dry_run )); then
-    echo "# would first set up $(dirname "$(dirname "$py")") and pip install -c constraints.txt -e '$target'"
+    decider="$py"; [[ -x "$py" ]] || decider="$(command -v python3)" || die "python3 not found; install Python 3.10+"
+    torch_words "$decider"
+    echo "# would first set up $env_dir: pip install ${pip_words[*]} -e '$target'"
+    echo "#   torch: $how"
+    if [[ ! -x "$py" ]]; then  # nothing to plan with yet: say what would run, and stop
+      echo "# then: $py -m corecpu.launch --default-script $here/train.py $*"
+      echo "# (its command, environment and this host's plan print here once $env_dir exists: ./launch.sh --setup-only)"
+      exit 0
+    fi
   else
     if [[ ! -x "$py" ]]; then
       echo "launch.sh: creating $here/.venv" >&2
       python3 -m venv "$here/.venv" || die "python3 -m venv failed; install python3-venv or activate a virtualenv first"
     fi
-    # An environment that already has torch keeps it (e.g. torch 2.8 for IPEX 2.8): corecpu accepts
-    # any torch >= 2.8, and the 2.13.0 pin is only there so a fresh install avoids the CUDA build.
-    pin=(-c "$here/constraints.txt")
-    "$py" -c 'import torch' 2>/dev/null && pin=()
-    # PyPI's Linux torch is the CUDA build (GBs of nvidia libraries); CORECPU_TORCH_INDEX, e.g.
-    # https://download.pytorch.org/whl/cpu, adds PyTorch's CPU index, whose 2.13.0+cpu pip then
-    # prefers. pip's own PIP_EXTRA_INDEX_URL / PIP_INDEX_URL work as well.
-    index=()
-    [[ -n "${CORECPU_TORCH_INDEX:-}" ]] && index=(--extra-index-url "$CORECPU_TORCH_INDEX")
-    echo "launch.sh: installing corecpu and its dependencies into $(dirname "$(dirname "$py")") (first run only)" >&2
-    "$py" -m pip install -qq --disable-pip-version-check "${pin[@]}" "${index[@]}" -e "$target" >&2 \
+    torch_words "$py"
+    echo "launch.sh: installing corecpu and its dependencies into $env_dir (first run only); $how" >&2
+    "$py" -m pip install -qq --disable-pip-version-check "${pip_words[@]}" -e "$target" >&2 \
       || die "pip install failed (see above); fix the error and run launch.sh again"
-    echo "$(stamp_of) $extras" > "$stamp_file"
+    echo "$(stamp_of) $all_extras" > "$stamp_file"
   fi
 fi
 # Say once per environment when its torch is a CUDA build: it works, but costs GBs.
-cuda_noticed="$(dirname "$py")/../.corecpu-cuda-noticed"
+cuda_noticed="$env_dir/.corecpu-cuda-noticed"
 if [[ ! -e "$cuda_noticed" ]] && (( ! dry_run )); then
-  notice="$("$py" -m corecpu.install cuda-notice "$(dirname "$(dirname "$py")")" 2>/dev/null || true)"
+  notice="$("$py" -m corecpu.install cuda-notice "$env_dir" 2>/dev/null || true)"
   if [[ -n "$notice" ]]; then
     warn "$notice"
     touch "$cuda_noticed" 2>/dev/null || true
@@ -108,6 +140,6 @@ fi
 if (( setup_only )); then echo "$py"; exit 0; fi
 
 # ---------------------------------------------------------------- launch
-# Hosts, port, binding and the mpirun/torchrun command are decided in corecpu/launch.py,
-# the same code as `corecpu launch`.
-exec "$py" -m corecpu.launch --default-script "$here/train.py" "$nranks_arg" "$@"
+# Hosts, port, binding and the mpirun/torchrun command are decided in corecpu/launching/launch.py,
+# the same code as `corecpu launch` (its command line: corecpu/launching/launch_args.py).
+exec "$py" -m corecpu.launch --default-script "$here/train.py" "$@"

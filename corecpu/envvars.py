@@ -35,6 +35,9 @@ BINDING = "CORECPU_BINDING"  # core|numa: how tightly bind pins a rank (launch.s
 BINDING_REASON = "CORECPU_BINDING_REASON"  # why: the launcher's evidence (CPUs busy at start, exclusivity signs)
 CPUS_BUSY = "CORECPU_CPUS_BUSY"  # the allowed CPUs launch.sh measured busy just before starting the ranks ("" = idle)
 LOG_DIR = "CORECPU_LOG_DIR"  # --log-dir: corecpu.bind sends the rank's stdout and stderr to DIR/rank-N.log
+LOG_REDIRECTS = "CORECPU_LOG_REDIRECTS"  # --redirects SPEC (torchrun's): streams to the file only, per local rank
+LOG_TEE = "CORECPU_LOG_TEE"  # --tee SPEC (torchrun's): streams to the file and the console, per local rank
+LOG_RANKS_FILTER = "CORECPU_LOG_RANKS_FILTER"  # --local-ranks-filter: only these local ranks on the console
 JOB_DIR = "CORECPU_JOB_DIR"  # a directory per job where ranks on the launcher's host leave records (cluster.job_records)
 
 # Set by the user. Where corecpu caches (precision calibrations, tokenized data, the IPEX tier's env).
@@ -50,7 +53,8 @@ CCL_STRESS_STEPS = "CORECPU_CCL_STRESS_STEPS"
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
-ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, JOB_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
+ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, LOG_REDIRECTS, LOG_TEE,
+       LOG_RANKS_FILTER, JOB_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        CCL_STRESS_STEPS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 

@@ -26,6 +26,19 @@ def os_problem(exc: OSError, path: Path) -> str:
     return exc.strerror or str(exc)
 
 
+def install_extra(extra: str, checkout: Path | None = None, cwd: Path | None = None) -> str:
+    """How to add one of corecpu's extras (report, datasets, shm, ...). From a checkout (launch.sh beside the
+    package), launch.sh installs the checkout itself into the environment it runs; pip's `corecpu[...]` would
+    fetch the released package from the index instead, so it is named as the installed-from-PyPI way."""
+    checkout = checkout or Path(__file__).resolve().parents[1]
+    from_index = f"pip install 'corecpu[{extra}]'"
+    if not (checkout / "launch.sh").is_file():
+        return from_index
+    here = (cwd or Path.cwd()).resolve()
+    launch = "./launch.sh" if here == checkout else str(checkout / "launch.sh")
+    return f"{launch} --setup-only {extra} (installed from PyPI: {from_index})"
+
+
 _on_die: list[Callable[[str], None]] = []
 
 

@@ -158,12 +158,14 @@ def make_plan(topology: Topology, request: PlanRequest) -> Plan:
         if logical:
             raise CoreCPUError(
                 f"{nproc} ranks need {nproc} CPUs but this process may use only {n_units} "
-                f"({format_cpu_list(sorted(allowed))}); use --nproc {n_units} or fewer"
+                f"({format_cpu_list(sorted(allowed))}); use --nproc {n_units} or fewer, or --oversubscribe to let "
+                "ranks share them (1 thread each; slow, for testing)"
             )
         hint = " or --use-logical-cores" if n_cpus > n_cores else ""
         raise CoreCPUError(
             f"{nproc} ranks need {nproc} physical cores but this process may use only {n_cores} "
-            f"(CPUs {format_cpu_list(sorted(allowed))}); use --nproc {n_cores} or fewer{hint}"
+            f"(CPUs {format_cpu_list(sorted(allowed))}); use --nproc {n_cores} or fewer{hint}, or --oversubscribe "
+            "to let ranks share them (1 thread each; slow, for testing)"
         )
 
     groups = _assign(units_by_node, nproc, notes)
@@ -449,7 +451,8 @@ def _oversubscribed(topology: Topology, request: PlanRequest, nproc: int, units_
 
 def add_request_arguments(parser: argparse.ArgumentParser, *, nproc_help: str | None = None) -> None:
     group = parser.add_argument_group("plan")
-    group.add_argument("--nproc", default="auto", metavar="N|auto",
+    # --nproc-per-node: torchrun's name for the same number (corecpu launch takes both, with this meaning).
+    group.add_argument("--nproc", "--nproc-per-node", dest="nproc", default="auto", metavar="N|auto",
                        help=nproc_help or "ranks on this node (default auto: one per NUMA node)")
     group.add_argument("--backend", choices=("gloo", "ccl"), default=None,
                        help="process-group backend; ccl reserves one CCL worker core per rank by default "

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 from corecpu import envvars
 from corecpu.data.columns import COLUMN_FLAGS, Column, check_labels, infer_columns, short
 from corecpu.data.types import ClassificationData
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 
 HF_SUFFIXES = (".parquet", ".arrow")
 SAVED_MARKERS = ("dataset_dict.json", "state.json", "dataset_info.json")  # what save_to_disk writes
@@ -42,7 +42,7 @@ def _offline() -> Iterator[Any]:
             import datasets
         except ImportError:
             raise CoreCPUError("reading a Parquet/Arrow file or a save_to_disk directory needs the datasets package; "
-                               "pip install 'corecpu[datasets]'") from None
+                               f"{install_extra('datasets')}") from None
         datasets.disable_progress_bars()
         yield datasets
 

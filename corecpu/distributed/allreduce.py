@@ -32,7 +32,7 @@ from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES
 from corecpu.distributed.comm_thread import ThreadedGradientAllreduce, comm_cpu_of
 from corecpu.distributed.mpi_init import init_mpi, mpi4py_importable
 from corecpu.distributed.shm_allreduce import ShmGradientAllreduce, shm_status
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 from corecpu.cluster.launchers import LaunchInfo
 from corecpu.cpu.node_plan import NodePlan
 
@@ -94,7 +94,7 @@ def choose_allreduce(
                 "launch with mpirun (launch.sh does) or use the gloo all-reduce"
             )
         if not ok:
-            raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); pip install 'corecpu[mpi]', or use gloo")
+            raise CoreCPUError(f"MPI all-reduce needs mpi4py ({why}); {install_extra('mpi')}, or use gloo")
         return "mpi", f"requested; started by {info.launcher}"
     if backend == "ccl":
         # A ccl process group was chosen (asked for, or auto with the bindings built): DDP uses it. Under

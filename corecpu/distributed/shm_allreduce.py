@@ -43,7 +43,7 @@ from corecpu.distributed import ALLREDUCE_DTYPES
 from corecpu.distributed.comm_thread import ThreadedGradientAllreduce
 from corecpu.distributed.mpi_init import init_mpi
 from corecpu.distributed.process_group import barrier, gather_objects
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +101,7 @@ def load_op(verbose: bool = False) -> Any:
         from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
     except ImportError as exc:
         raise CoreCPUError(f"DeepSpeed's shared-memory op cannot be imported ({exc}); "
-                           "pip install 'corecpu[shm]', or use --allreduce gloo") from exc
+                           f"{install_extra('shm')}, or use --allreduce gloo") from exc
     build_dir = op_cache_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     # cpp_extension.load reads TORCH_EXTENSIONS_DIR; the builder takes no path. Always the ninja installed beside

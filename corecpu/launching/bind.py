@@ -32,7 +32,7 @@ from corecpu.cpu.placement import add_request_arguments, make_plan, request_from
 from corecpu.cpu.topology import add_detection_arguments, topology_from_args
 from corecpu.errors import CoreCPUError, run_cli
 from corecpu.launching.launch import LAUNCHER_IGNORES
-from corecpu.launching.rank_logs import redirect
+from corecpu.launching.rank_logs import log_path, route, stream_targets
 from corecpu.reliability.lifeline import die_with_parent
 
 
@@ -126,6 +126,18 @@ def _numactl_works(prefix: list[str], env: dict[str, str]) -> bool:
         return False
 
 
+def route_output(env: dict[str, str]) -> None:
+    """--log-dir, --redirects, --tee and --local-ranks-filter for this rank (corecpu.launching.rank_logs). A rank
+    whose stdout reaches a file is told it has no terminal: no progress bar, no escape codes in the file."""
+    info = detect_launcher(env)
+    targets = stream_targets(info.local_rank, env.get(envvars.LOG_DIR), env.get(envvars.LOG_REDIRECTS),
+                             env.get(envvars.LOG_TEE), env.get(envvars.LOG_RANKS_FILTER))
+    if targets[1][0]:
+        env.pop(envvars.TTY, None)
+    if any(to_file or not to_console for to_file, to_console in targets.values()):
+        route(targets, log_path(env.get(envvars.LOG_DIR) or os.devnull, info.rank))
+
+
 # What hydra (or a person) sends the supervisor goes on to the rank.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT)
 
@@ -186,8 +198,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         # hydra_pmi_proxy's 0.0.0.0 listener, inherited by every rank: nothing of the job listens beyond
         # loopback (or, on several hosts, beyond the interface the hosts share).
         close_inherited_wildcard_listeners(env)
-        if env.get(envvars.LOG_DIR):  # last, so the lines above still reach the launcher's terminal
-            redirect(env[envvars.LOG_DIR], detect_launcher(env).rank)
+        route_output(env)  # last, so the lines above still reach the launcher's terminal
         # `corecpu launch` starts the launcher with the stop signals ignored, and an ignored signal stays
         # ignored across fork and exec: the rank gets them back, to stop (and save) on them.
         for signum in LAUNCHER_IGNORES:

@@ -1,6 +1,7 @@
 """Start N ranks of a training script, each bound to its own cores: `corecpu launch` and launch.sh.
 
     corecpu launch -n 2 my_loop.py --my-args        # 2 ranks of your script on this host
+    corecpu launch --nproc-per-node 2 my_loop.py    # the same, in torchrun's words
     corecpu launch -n 8 -f hosts --ppn 4 train.py   # 2 machines x 4 ranks through Intel MPI
     corecpu launch -n 2 --dry-run my_loop.py        # print the command, environment and plan
     corecpu launch -n 2 --log-dir logs train --model tiny   # corecpu's own train.py; rank N -> logs/rank-N.log
@@ -9,7 +10,7 @@ launch.sh sets up the environment and then runs this with train.py as the defaul
 script. Ranks start through Intel MPI's mpirun (or torchrun where there is none),
 each through `python -m corecpu.bind`, which pins it from its own node's plan
 before torch loads. Options come before the script; everything after the script
-is the script's.
+is the script's (the command line: corecpu.launching.launch_args).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
 
@@ -32,24 +33,13 @@ from corecpu.cpu.placement import PlanRequest, make_plan
 from corecpu.cpu.sharing import decide_binding, gather_evidence
 from corecpu.cpu.threads import check_omp_num_threads
 from corecpu.cpu.topology import detect_topology, read_topology
-from corecpu.errors import CoreCPUError, run_cli
+from corecpu.errors import CoreCPUError, install_extra, run_cli
 from corecpu.launching import job_watch
+from corecpu.launching.launch_args import LaunchRequest, build_parser, parse_args  # noqa: F401 (callers' names)
 from corecpu.launching.rank_logs import failure_summary
 from corecpu.launching.torchrun import loopback_ip
 from corecpu.reliability.lifeline import END_JOB_SIGNAL
 
-USAGE = """usage: corecpu launch -n N [-f HOSTFILE] [--ppn P] [--dry-run] [--launcher mpirun|torchrun] [--log-dir DIR] SCRIPT.py|train [ARGS...]
-  -n N           total number of ranks (processes)
-  -f HOSTFILE    spread ranks over the hosts in HOSTFILE (one per line) with mpirun; rank 0's host first
-  --ppn P        ranks per host with -f (default: N divided evenly over the hosts)
-  --dry-run      print the launch command, its environment and this host's plan; run nothing
-  --launcher L   force mpirun or torchrun (default: mpirun if found, else torchrun)
-  --log-dir DIR  each rank's stdout and stderr to DIR/rank-N.log; a failed job prints the failed ranks' last lines
-SCRIPT.py and everything after it: the training script and its arguments; `train` is corecpu's train.py."""
-# `corecpu launch -n 2 train ...`: the train.py shipped in the package (corecpu/train.py), run as a module so
-# that the installed package, not a directory on sys.path, provides it.
-TRAIN = "train"
-TRAIN_MODULE = "corecpu.train"
 DEFAULT_MULTIHOST_PORT = 29500
 TRAIN_OUTPUT_DIR = "runs/default"  # train.py's --output-dir default (corecpu.training.config)
 TORCHRUN_MODULE = "corecpu.launching.torchrun"  # torchrun with its stores on loopback
@@ -57,86 +47,6 @@ TORCHRUN_MODULE = "corecpu.launching.torchrun"  # torchrun with its stores on lo
 # other ranks wait 5 s so that the reporter is heard) before the launcher kills what is left of it.
 END_JOB_GRACE_S = 10.0
 EXIT_HUNG = 124  # as the watchdog's ranks exit (corecpu.reliability.watchdog.EXIT_HUNG; that module needs torch)
-
-
-@dataclass
-class LaunchRequest:
-    nranks: int
-    script: str
-    script_args: list[str] = field(default_factory=list)
-    hostfile: str | None = None
-    ppn: int | None = None
-    dry_run: bool = False
-    launcher: str | None = None
-    log_dir: str | None = None
-    module: str | None = None  # run `python -m module` instead of the script's path (corecpu's train)
-
-
-def parse_args(argv: Sequence[str], default_script: str | None = None) -> LaunchRequest:
-    """`-n N` (or a bare N first, as launch.sh takes it), options, then SCRIPT.py and its arguments.
-    With `default_script`, arguments that do not start with a script go to it (launch.sh: train.py)."""
-    argv = list(argv)
-    nranks: int | None = None
-    if default_script is not None:  # launch.sh: N comes first
-        if not argv:
-            raise CoreCPUError("how many ranks? e.g. ./launch.sh 2")
-        nranks = _ranks(argv.pop(0))
-    req = LaunchRequest(0, "")
-    rest: list[str] = []
-    while argv:
-        arg = argv.pop(0)
-        if arg in ("-n", "--nproc", "-np"):
-            nranks = _ranks(_value(arg, argv))
-        elif arg in ("-f", "--hostfile"):
-            req.hostfile = _value(arg, argv)
-        elif arg == "--ppn":
-            text = _value(arg, argv)
-            if not text.isdigit() or int(text) < 1:
-                raise CoreCPUError(f"--ppn needs a whole number >= 1, got {text!r}")
-            req.ppn = int(text)
-        elif arg == "--dry-run":
-            req.dry_run = True
-        elif arg == "--launcher":
-            req.launcher = _value(arg, argv)
-            if req.launcher not in ("mpirun", "torchrun"):
-                raise CoreCPUError(f"--launcher takes mpirun or torchrun, got {req.launcher!r}")
-        elif arg == "--log-dir":
-            req.log_dir = _value(arg, argv)
-        elif (arg.endswith(".py") or arg == TRAIN) and not rest:
-            req.script, req.script_args = arg, argv  # the script's own arguments follow, untouched
-            if arg == TRAIN:
-                req.script, req.module = str(Path(__file__).resolve().parents[1] / "train.py"), TRAIN_MODULE
-            break
-        else:
-            rest.append(arg)
-    if nranks is None:
-        raise CoreCPUError("how many ranks? pass N, e.g. ./launch.sh 2 or corecpu launch -n 2 SCRIPT.py")
-    req.nranks = nranks
-    if not req.script:
-        if default_script is None:
-            raise CoreCPUError("no training script; put SCRIPT.py after the options, e.g. corecpu launch -n 2 train.py")
-        req.script, req.script_args = default_script, rest
-    elif rest:
-        raise CoreCPUError(f"unknown option {rest[0]!r} before {req.script}; the script's arguments go after it")
-    if not Path(req.script).is_file():
-        raise CoreCPUError(f"script {req.script!r} not found; pass the path of a .py file")
-    if req.ppn is not None and req.hostfile is None:
-        raise CoreCPUError("--ppn only makes sense with -f HOSTFILE")
-    return req
-
-
-def _ranks(text: str) -> int:
-    if not text.lstrip("-").isdigit():
-        raise CoreCPUError(f"N must be a whole number of ranks, got {text!r}; e.g. ./launch.sh 2")
-    if int(text) < 1:
-        raise CoreCPUError(f"N must be at least 1, got {text}; e.g. ./launch.sh 2")
-    return int(text)
-
-
-def _value(flag: str, argv: list[str]) -> str:
-    if not argv:
-        raise CoreCPUError(f"{flag} needs a value")
-    return argv.pop(0)
 
 
 def read_hostfile(path: str) -> list[str]:
@@ -177,36 +87,54 @@ class LaunchPlan:
     warnings: list[str]
 
 
-def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usable_cpus: int,
+def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usable_cores: int,
                 which=shutil.which, port=free_port) -> LaunchPlan:
-    """Pure apart from `which` and `port`: the command and environment that start the job."""
+    """Pure apart from `which` and `port`: the command and environment that start the job. `usable_cores`:
+    this host's cores the plan may use (corecpu plan refuses more ranks than that without --oversubscribe,
+    and so does this, for the ranks it starts here)."""
     env: dict[str, str] = {}
     warnings: list[str] = []
     check_omp_num_threads(environ)  # corecpu.bind replaces it per rank: say so now, not never
+    several = bool(req.hostfile) or (req.nnodes or 1) > 1
     if req.hostfile:
         hosts = read_hostfile(req.hostfile)
-        ppn = req.ppn or -(-req.nranks // len(hosts))
-        if ppn * len(hosts) < req.nranks:
-            raise CoreCPUError(f"{req.nranks} ranks do not fit on {len(hosts)} hosts x --ppn {ppn}; "
-                               "raise --ppn or add hosts")
-        env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or hosts[0]
+        nnodes = req.nnodes or len(hosts)
+        if nnodes > len(hosts):
+            raise CoreCPUError(f"--nnodes {nnodes} but hostfile {req.hostfile!r} lists {len(hosts)} host(s); "
+                               "add hosts or lower --nnodes")
+        ppn = req.ppn or -(-(req.nranks or 0) // nnodes)
+        nranks = req.nranks or ppn * nnodes
+        if ppn * nnodes < nranks:
+            raise CoreCPUError(f"{nranks} ranks do not fit on {nnodes} hosts x --ppn {ppn}; raise --ppn or add hosts")
+        default_addr = hosts[0]
         local = ppn
     else:
-        env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or "127.0.0.1"
-        local = req.nranks
+        nnodes = req.nnodes or 1
+        local = req.ppn or (req.nranks or 0) // nnodes
+        nranks = local * nnodes
+        default_addr = "127.0.0.1"
+    env["MASTER_ADDR"] = req.master_addr or environ.get("MASTER_ADDR") or default_addr
     # One host: any free port (as torchrun --standalone); several: the conventional one (we cannot probe them).
-    env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(DEFAULT_MULTIHOST_PORT if req.hostfile else port())
+    env["MASTER_PORT"] = str(req.master_port or environ.get("MASTER_PORT") or
+                             (DEFAULT_MULTIHOST_PORT if several else port()))
     bind_opts: list[str] = []
-    if local > usable_cpus:
-        warnings.append(f"{local} ranks on a host with {usable_cpus} usable CPUs: ranks will share cores, "
-                        "1 thread each (slow; fine for testing)")
+    if req.oversubscribe:
         bind_opts.append("--oversubscribe")
+        if local > usable_cores:
+            warnings.append(f"{local} ranks on a host with {usable_cores} usable cores: ranks will share cores, "
+                            "1 thread each (slow; fine for testing)")
+    elif local > usable_cores and not req.hostfile:  # the hosts of a hostfile: each one's corecpu.bind says
+        raise CoreCPUError(f"{local} ranks need {local} cores but this host has {usable_cores} usable; start "
+                           f"{usable_cores} or fewer, or add --oversubscribe to let ranks share cores "
+                           "(1 thread each; slow, for testing)")
 
     launcher = req.launcher or ("mpirun" if which("mpirun") else "torchrun" if which("torchrun") else None)
     if launcher is None:
-        raise CoreCPUError("neither mpirun nor torchrun found; pip install 'corecpu[mpi]' (or activate the env that has torch)")
+        raise CoreCPUError(f"neither mpirun nor torchrun found; {install_extra('mpi')}, or activate the env that has torch")
+    if req.hostfile is None and nnodes > 1 and req.launcher is None:
+        launcher = "torchrun"  # one launcher per node, as torchrun runs (launch_args.check refused mpirun)
     if launcher == "torchrun" and req.hostfile:
-        raise CoreCPUError("-f HOSTFILE needs mpirun; pip install 'corecpu[mpi]', or run torchrun on each host yourself")
+        raise CoreCPUError(f"-f HOSTFILE needs mpirun; {install_extra('mpi')}, or run torchrun on each host yourself")
     backend = _script_option(req.script_args, "--backend") if Path(req.script).name == "train.py" else None
     if backend:
         env[envvars.BACKEND] = backend  # so bind reserves a CCL worker core when ccl is asked for
@@ -214,13 +142,22 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
     script = [python, "-u", *(["-m", req.module] if req.module else [os.path.abspath(req.script)]), *req.script_args]
     if req.log_dir:
         env[envvars.LOG_DIR] = os.path.abspath(req.log_dir)
+    for name, value in ((envvars.LOG_REDIRECTS, req.redirects), (envvars.LOG_TEE, req.tee),
+                        (envvars.LOG_RANKS_FILTER, req.local_ranks_filter)):
+        if value is not None:
+            env[name] = value  # corecpu.bind routes each rank's streams (rank_logs.stream_targets)
     if launcher == "mpirun":
         env["I_MPI_PIN"] = "0"  # corecpu.bind pins each rank from its own node's plan
-        cmd = ["mpirun", "-n", str(req.nranks)]
+        cmd = ["mpirun", "-n", str(nranks)]
         if req.hostfile:
             cmd += ["-f", req.hostfile, "-ppn", str(local)]
         # Intel MPI propagates the whole environment (MASTER_*, PATH, ...) to every host by default.
         cmd += bind + script
+    elif nnodes > 1:  # torchrun on each node, static rendezvous at rank 0's host (torchrun's own meaning)
+        env["OMP_NUM_THREADS"] = "1"
+        cmd = [python, "-m", TORCHRUN_MODULE, "--nnodes", str(nnodes), "--node-rank", str(req.node_rank),
+               "--master-addr", env["MASTER_ADDR"], "--master-port", env["MASTER_PORT"],
+               "--nproc-per-node", str(local), "--no-python", *bind, *script]
     else:
         env["OMP_NUM_THREADS"] = "1"  # corecpu.bind replaces it per rank; this silences torchrun's notice
         # As --standalone (one node, a free port, a fresh rendezvous id), but every store on loopback:
@@ -228,14 +165,20 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         # A loopback MASTER_ADDR of the user's (127.0.0.2) is kept; any other would open the stores to the network.
         addr = loopback_ip(env["MASTER_ADDR"])
         if addr is None:
-            warnings.append(f"MASTER_ADDR={environ['MASTER_ADDR']} is not a loopback address; a one-host torchrun "
+            warnings.append(f"MASTER_ADDR={env['MASTER_ADDR']} is not a loopback address; a one-host torchrun "
                             "job keeps its stores on 127.0.0.1, unreachable from the network (use -f HOSTFILE "
-                            "with mpirun for several hosts)")
+                            "with mpirun, or --nnodes and --node-rank, for several hosts)")
             addr = "127.0.0.1"
         cmd = [python, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                f"{addr}:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", addr,
-               "--nproc-per-node", str(req.nranks), "--no-python", *bind, *script]
+               "--nproc-per-node", str(local), "--no-python", *bind, *script]
     return LaunchPlan(cmd, env, local, warnings)
+
+
+def usable_cores(topology) -> int:  # noqa: ANN001 - a corecpu.cpu.topology.Topology
+    """The physical cores this process may use: what corecpu plan gives ranks without --oversubscribe."""
+    allowed = set(topology.allowed)
+    return sum(1 for core in topology.cores if allowed.intersection(core.cpus)) or len(allowed)
 
 
 def _script_option(args: Sequence[str], flag: str) -> str | None:
@@ -366,15 +309,13 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
         script = default_script
         if args[:1] == ["--default-script"]:  # launch.sh: train.py unless a SCRIPT.py is given
             script, args = args[1], args[2:]
-        if args and args[0] in ("-h", "--help"):
-            print(USAGE)
-            return 0
         req = parse_args(args, script)
         # impi-rt installs mpirun beside this interpreter; an installed `corecpu` may run without it on PATH.
         bindir = str(Path(sys.executable).parent)
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-        plan = plan_launch(req, os.environ, sys.executable, len(os.sched_getaffinity(0)))
+        plan = plan_launch(req, os.environ, sys.executable, usable_cores(read_topology(allowed_from_cpuset=True,
+                                                                                       env=os.environ)))
         if req.hostfile and not req.dry_run and (problem := unresolved_host(req.hostfile, read_hostfile(req.hostfile))):
             raise CoreCPUError(problem)
         for w in plan.warnings:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 from corecpu.cpu.cpulist import format_cpu_list
 
 COLORS = ("tab:blue", "tab:orange")
@@ -174,7 +174,7 @@ def render(runs: Sequence[RunRecords], out: Path) -> Path:
     try:
         import matplotlib
     except ImportError:
-        raise CoreCPUError("corecpu report draws with matplotlib; pip install 'corecpu[report]'") from None
+        raise CoreCPUError(f"corecpu report draws with matplotlib; {install_extra('report')}") from None
     matplotlib.use("Agg")  # files only: no display on a cluster node
     import matplotlib.pyplot as plt
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 
 # tracker name -> (module that must import, pyproject extra that installs it)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -61,7 +61,7 @@ def parse_report_to(spec: str, find_spec: Callable[[str], Any] = importlib.util.
     for name in names:
         module, extra = TRACKERS[name]
         if find_spec(module) is None:
-            raise CoreCPUError(f"reporting to {name} needs the {module} package; pip install 'corecpu[{extra}]'")
+            raise CoreCPUError(f"reporting to {name} needs the {module} package; {install_extra(extra)}")
     return list(dict.fromkeys(names))  # keep order, drop repeats
 
 
@@ -221,7 +221,7 @@ def open_trackers(names: Sequence[str], output_dir: str | Path, config: Mapping[
         close_all(trackers)
         module, extra = TRACKERS.get(name, (name, name))
         raise CoreCPUError(f"reporting to {name} failed to import {exc.name or module}; "
-                           f"pip install 'corecpu[{extra}]'") from None
+                           f"{install_extra(extra)}") from None
     except json.JSONDecodeError as exc:
         close_all(trackers)
         raise CoreCPUError(f"MLFLOW_TAGS is not valid JSON ({exc.msg}); set it to a JSON object or unset it") from None

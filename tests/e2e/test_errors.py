@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -71,12 +72,37 @@ def test_launch_with_bad_rank_count(n):
 
 def test_launch_dry_run_runs_nothing(tmp_path):
     out = tmp_path / "dry"
-    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), "3", "--dry-run", "--model", "tiny", "--output-dir",
-                           str(out)], env=env_for_launch(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(ROOT / "launch.sh"), "3", "--dry-run", "--oversubscribe", "--model", "tiny",
+                           "--output-dir", str(out)], env=env_for_launch(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "mpirun -n 3" in proc.stdout or "torchrun" in proc.stdout
     assert "export MASTER_PORT=" in proc.stdout and "OMP_NUM_THREADS" in proc.stdout
     assert not out.exists()
+    if len(os.sched_getaffinity(0)) < 3:  # issue 27: as corecpu plan, launch.sh asks for --oversubscribe rather than sharing unasked
+        refused = subprocess.run(["bash", str(ROOT / "launch.sh"), "3", "--dry-run"], env=env_for_launch(),
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "add --oversubscribe" in refused.stderr, refused.stderr
+
+
+def test_launch_dry_run_before_any_set_up_says_what_it_would_do(tmp_path):
+    # Issue 27: in a fresh clone, ./launch.sh 2 --dry-run crashed on the missing .venv/bin/python.
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    for name in ("launch.sh", "pyproject.toml", "constraints.txt", "train.py"):
+        (clone / name).write_bytes((ROOT / name).read_bytes())
+    (clone / "corecpu").symlink_to(ROOT / "corecpu")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")
+           and not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PATH="/usr/local/bin:/usr/bin:/bin")
+    proc = subprocess.run(["bash", str(clone / "launch.sh"), "2", "--dry-run"], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == (f"# would first set up {clone}/.venv: pip install -c {clone}/constraints.txt "
+                        f"--extra-index-url https://download.pytorch.org/whl/cpu -e '{clone}[mpi,demo,lora]'")
+    assert lines[1].startswith("#   torch: the CPU build of torch (2.13.0+cpu) from PyTorch's CPU index")
+    assert f"{clone}/.venv/bin/python -m corecpu.launch --default-script {clone}/train.py 2 --dry-run" in lines[2]
+    assert not (clone / ".venv").exists()
 
 
 def test_data_format_and_no_header_reach_the_loader(tmp_path):

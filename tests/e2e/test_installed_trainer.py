@@ -1,6 +1,7 @@
 """Tier 3: the trainer a pip-installed user has: `corecpu train` runs train.py (the same file, shipped as
 corecpu/train.py), `--config` takes a run's own config.json back, and `corecpu launch -n 2 train` with
-`--log-dir` writes one log per rank and names a failed rank's last lines."""
+`--log-dir` writes one log per rank (rank 0 teed to a terminal, with clean bytes in its file) and names a
+failed rank's last lines."""
 
 from __future__ import annotations
 
@@ -38,15 +39,38 @@ def test_corecpu_train_is_train_py_and_config_json_reads_back(tmp_path):
     assert losses(tmp_path / "b") == first
 
 
-def test_launch_train_with_log_dir_writes_one_log_per_rank(tmp_path):
+def test_launch_train_with_log_dir_and_tee_on_a_terminal(tmp_path):
+    # Issue 27: on a terminal (CORECPU_TTY=1), --log-dir sent rank 0 away from the console and wrote its progress
+    # bar's escape codes into rank-0.log. With torchrun's --tee, rank 0 stays on the console; the files are clean.
+    import pty
+
     logs = tmp_path / "logs"
-    r = run(corecpu("launch", "-n", "2", "--launcher", "torchrun", "--log-dir", str(logs),
-                    "train", *SHORT, "--output-dir", str(tmp_path / "run")))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    args = ["--model", "tiny", "--precision", "fp32", "--max-steps", "4", "--log-every", "1", "--eval-data", "none",
+            "--batch-size", "8", "--progress", "auto", "--output-dir", str(tmp_path / "run")]
+    env = {k: v for k, v in env_for_launch().items() if not k.startswith(("SLURM_", "PMI_", "OMPI_", "MASTER_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(corecpu("launch", "--nproc-per-node", "2", "--launcher", "torchrun", "--log-dir",
+                                    str(logs), "--tee", "0:3", "--redirects", "3", "train", *args),
+                            env=env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    console = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: every writer of the terminal is gone
+            break
+        if not chunk:
+            break
+        console += chunk
+    os.close(master)
+    assert proc.wait(timeout=300) == 0, console[-3000:]
     assert sorted(p.name for p in logs.iterdir()) == ["rank-0.log", "rank-1.log"]
-    rank0 = (logs / "rank-0.log").read_text()
-    assert "2 rank(s) via torchrun" in rank0 and "model saved to" in rank0, rank0[-2000:]
-    assert "2 rank(s) via torchrun" not in r.stdout  # rank 0's lines went to its file
+    rank0 = (logs / "rank-0.log").read_bytes()
+    assert b"2 rank(s) via torchrun" in rank0 and b"model saved to" in rank0, rank0[-2000:]
+    assert b"\x1b" not in rank0 and b"\r" not in rank0  # no escape codes, no progress redraws
+    assert b"2 rank(s) via torchrun" in console and b"model saved to" in console  # rank 0 is on the console too
+    assert (logs / "rank-1.log").read_bytes() and b"rank 1" not in console.lower()
     assert [s for s, _ in losses(tmp_path / "run")] == [1, 2, 3, 4]
 
 

@@ -72,7 +72,7 @@ def test_mpi_requested_under_torchrun_is_an_error():
 
 
 def test_mpi_requested_without_mpi4py_is_an_error():
-    with pytest.raises(CoreCPUError, match=r"^MPI all-reduce needs mpi4py \(mpi4py is not installed\); pip install"):
+    with pytest.raises(CoreCPUError, match=r"^MPI all-reduce needs mpi4py \(mpi4py is not installed\); .*pip install 'corecpu\[mpi\]'"):
         choose_allreduce("mpi", info_for("intel-mpi"), {}, MISSING)
 
 

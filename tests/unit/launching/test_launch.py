@@ -23,7 +23,7 @@ def test_launch_sh_style_defaults_to_train_py(tmp_path):
     train.write_text("")
     req = parse_args(["2", "--model", "tiny", "--backend", "ccl"], default_script=str(train))
     assert req.script == str(train) and req.script_args == ["--model", "tiny", "--backend", "ccl"]
-    plan = plan_launch(req, {}, sys.executable, usable_cpus=8, which=lambda n: "/x/" + n, port=lambda: 1234)
+    plan = plan_launch(req, {}, sys.executable, usable_cores=8, which=lambda n: "/x/" + n, port=lambda: 1234)
     assert plan.env["CORECPU_BACKEND"] == "ccl"  # so corecpu.bind reserves the CCL worker core
     assert plan.env["MASTER_PORT"] == "1234" and plan.env["MASTER_ADDR"] == "127.0.0.1"
     assert plan.command[:3] == ["mpirun", "-n", "2"] and "corecpu.bind" in plan.command
@@ -32,9 +32,16 @@ def test_launch_sh_style_defaults_to_train_py(tmp_path):
 @pytest.mark.parametrize("argv, fragment", [
     (["-n", "0", "x.py"], "at least 1"),
     (["-n", "two", "x.py"], "whole number"),
-    (["--ppn", "2", "-n", "2", "x.py"], "--ppn only makes sense"),
+    (["--ppn", "2", "-n", "3", "x.py"], "give one of them"),
     (["-n", "2"], "no training script"),
     (["-n", "2", "missing.py"], "not found"),
+    (["x.py"], "how many ranks"),
+    (["-n", "2", "--bogus", "x.py"], "unrecognized arguments: --bogus"),
+    (["--nnodes", "2", "--nproc-per-node", "2", "x.py"], "give each --node-rank R and --master-addr"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "--nproc-per-node", "2", "x.py"], "not a node of"),
+    (["--nnodes", "1:2", "-n", "2", "x.py"], "elastic"),
+    (["-n", "2", "--tee", "3", "x.py"], "add --log-dir"),
+    (["-n", "2", "--log-dir", "d", "--tee", "0:4", "x.py"], "--tee '0:4'"),
 ])
 def test_launch_argument_errors(tmp_path, monkeypatch, argv, fragment):
     monkeypatch.chdir(tmp_path)
@@ -46,8 +53,8 @@ def test_launch_argument_errors(tmp_path, monkeypatch, argv, fragment):
 def test_launch_oversubscription_and_hostfile(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a:4\n# comment\nnode-b\n")
-    req = LaunchRequest(8, "train.py", hostfile=str(hosts), ppn=4)
-    plan = plan_launch(req, {}, "python", usable_cpus=2, which=lambda n: "/x/" + n, port=lambda: 1)
+    req = LaunchRequest(8, "train.py", hostfile=str(hosts), ppn=4, oversubscribe=True)
+    plan = plan_launch(req, {}, "python", usable_cores=2, which=lambda n: "/x/" + n, port=lambda: 1)
     assert plan.env["MASTER_ADDR"] == "node-a" and plan.env["MASTER_PORT"] == "29500"
     assert "--oversubscribe" in plan.command and plan.warnings
     assert plan.command[:7] == ["mpirun", "-n", "8", "-f", str(hosts), "-ppn", "4"]
@@ -77,3 +84,72 @@ def test_a_bad_omp_num_threads_is_refused_before_any_rank_starts():
     with pytest.raises(CoreCPUError, match="OMP_NUM_THREADS='banana' is not a number of threads"):
         plan_launch(LaunchRequest(2, "train.py"), {"OMP_NUM_THREADS": "banana"}, "python", 8,
                     which=lambda n: "/x/" + n, port=lambda: 1)
+
+
+def test_more_ranks_than_cores_needs_oversubscribe_as_corecpu_plan_does():
+    # Issue 27: `corecpu plan --nproc 4` refused on 2 cores while `./launch.sh 4` oversubscribed without asking.
+    which = lambda n: "/x/" + n  # noqa: E731
+    with pytest.raises(CoreCPUError, match=r"4 ranks need 4 cores but this host has 2 usable; start 2 or fewer, "
+                                           r"or add --oversubscribe"):
+        plan_launch(parse_args(["4"], default_script="train.py"), {}, "python", 2, which=which, port=lambda: 1)
+    plan = plan_launch(parse_args(["4", "--oversubscribe"], default_script="train.py"), {}, "python", 2,
+                       which=which, port=lambda: 1)
+    assert "--oversubscribe" in plan.command and "share cores" in plan.warnings[0]
+    plan = plan_launch(parse_args(["2"], default_script="train.py"), {}, "python", 2, which=which, port=lambda: 1)
+    assert "--oversubscribe" not in plan.command and not plan.warnings
+
+
+@pytest.mark.parametrize("argv", [
+    ["-n", "2", "job.py"], ["-n2", "job.py"], ["-np", "2", "job.py"], ["--nproc-per-node", "2", "job.py"],
+    ["--nproc_per_node=2", "job.py"], ["--nproc", "2", "job.py"], ["--ppn", "2", "job.py"],
+    ["--standalone", "--nnodes", "1", "--nproc-per-node", "2", "job.py"], ["-n", "2", "--", "job.py"],
+])
+def test_every_spelling_of_two_ranks_on_this_host(tmp_path, monkeypatch, argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text("")
+    req = parse_args(argv)
+    plan = plan_launch(req, {}, "python", 8, which=lambda n: "/x/" + n, port=lambda: 7)
+    assert plan.local_ranks == 2 and plan.command[:3] == ["mpirun", "-n", "2"] and req.script == "job.py"
+
+
+def test_launch_sh_takes_launcher_options_among_train_py_flags(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text("")
+    argv = ["2", "--log-dir=logs", "--model", "tiny", "--tee", "0:3", "--master-port", "2222", "--lr", "-1",
+            "--local-ranks-filter", "0", "--help"]
+    req = parse_args(argv, default_script=str(train))
+    assert (req.nranks, req.log_dir, req.tee, req.master_port, req.local_ranks_filter) == (2, "logs", "0:3", 2222, "0")
+    assert req.script_args == ["--model", "tiny", "--lr", "-1", "--help"]  # --help after N is train.py's
+    plan = plan_launch(req, {}, "python", 8, which=lambda n: "/x/" + n, port=lambda: 7)
+    assert plan.env["MASTER_PORT"] == "2222" and plan.env["CORECPU_LOG_TEE"] == "0:3"
+    assert plan.env["CORECPU_LOG_RANKS_FILTER"] == "0" and "CORECPU_LOG_REDIRECTS" not in plan.env
+    # a script named after train.py's flags is not taken for the script; one among the launcher's options is
+    assert parse_args(["2", "--model", "tiny", "x.py"], default_script=str(train)).script_args[-1] == "x.py"
+    script = tmp_path / "mine.py"
+    script.write_text("")
+    req = parse_args(["2", "--log-dir", "d", str(script), "--log-dir", "mine"], default_script=str(train))
+    assert req.script == str(script) and req.log_dir == "d" and req.script_args == ["--log-dir", "mine"]
+    with pytest.raises(CoreCPUError, match="N is 2 but -n says 3"):
+        parse_args(["2", "-n", "3"], default_script=str(train))
+    assert parse_args(["--nproc-per-node", "3"], default_script=str(train)).ppn == 3  # ./launch.sh --nproc-per-node 3
+
+
+def test_nnodes_and_node_rank_run_torchrun_on_each_node(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text("")
+    req = parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "node-a", "--master-port", "29400",
+                      "--nproc-per-node", "4", "job.py", "--x"])
+    plan = plan_launch(req, {}, "python", 8, which=lambda n: "/x/" + n, port=lambda: 7)
+    cmd = plan.command
+    assert cmd[cmd.index("--nnodes"):cmd.index("--no-python")] == [
+        "--nnodes", "2", "--node-rank", "1", "--master-addr", "node-a", "--master-port", "29400",
+        "--nproc-per-node", "4"]
+    assert plan.local_ranks == 4 and cmd[-2:] == [str(tmp_path / "job.py"), "--x"]
+    with pytest.raises(CoreCPUError, match="use -f HOSTFILE instead"):
+        parse_args(["--nnodes", "2", "--node-rank", "0", "--master-addr", "a", "--ppn", "1", "--launcher", "mpirun",
+                    "job.py"])
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\nc\n")
+    plan = plan_launch(parse_args(["-f", str(hosts), "--nnodes", "2", "--ppn", "3", "job.py"]), {}, "python", 8,
+                       which=lambda n: "/x/" + n)
+    assert plan.command[:7] == ["mpirun", "-n", "6", "-f", str(hosts), "-ppn", "3"]

@@ -55,7 +55,7 @@ def test_launch_runs_torchrun_through_it_on_loopback(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text("")
     plan = plan_launch(parse_args(["-n", "2", "--launcher", "torchrun", str(script)]), {}, sys.executable,
-                       usable_cpus=8, which=lambda n: "/x/" + n)
+                       usable_cores=8, which=lambda n: "/x/" + n)
     cmd = plan.command
     assert cmd[:3] == [sys.executable, "-m", TORCHRUN_MODULE]
     assert cmd[cmd.index("--rdzv-endpoint") + 1] == "127.0.0.1:0" and cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"
@@ -69,7 +69,7 @@ def test_the_users_master_addr_is_kept_or_the_reason_said(tmp_path):
 
     def plan(addr: str):
         return plan_launch(parse_args(["-n", "2", "--launcher", "torchrun", str(script)]), {"MASTER_ADDR": addr},
-                           sys.executable, usable_cpus=8, which=lambda n: "/x/" + n, port=lambda: 1)
+                           sys.executable, usable_cores=8, which=lambda n: "/x/" + n, port=lambda: 1)
 
     kept = plan("127.0.0.2")
     assert kept.command[kept.command.index("--rdzv-endpoint") + 1] == "127.0.0.2:0"
