@@ -76,7 +76,7 @@ def _checksums(out: Path) -> list[float]:
 def _epoch_index(epoch: float) -> int:
     """c134c55's 0-based epoch index from a record's epoch: since issue 27 transformers' fractional epoch
     (1.0 at the end of the first), which is above the index of the epoch the step belongs to."""
-    return epoch if isinstance(epoch, int) else math.ceil(epoch) - 1
+    return epoch if isinstance(epoch, int) else max(math.ceil(epoch) - 1, 0)
 
 
 def _same(out: Path, reference: Path) -> None:
