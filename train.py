@@ -93,18 +93,20 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
             loss = model(**batch).loss  # the wrapped forward autocasts where bf16 was chosen
             step.backward(loss)
             report.add(loss, len(batch["input_ids"]), meta["num_tokens"], meta["num_padded"], weight=step.weight)
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # the norm before clipping
+                     if cfg.max_grad_norm > 0 else None)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
 
-        report.step_done(step, lr)  # a line and a metrics.jsonl record every --log-every steps
-        if eval_loader is not None and (step.ends_epoch or step.is_last):
+        report.step_done(step, lr, grad_norm)  # a line and a metrics.jsonl record every --log-every steps
+        # Every --eval-steps steps (0: at each epoch's end), and at the last step.
+        if eval_loader is not None and step.ends_interval(cfg.eval_steps):
+            report.evaluating(step.number, len(eval_loader))
             scores = task.evaluate(run, model, eval_loader)
-            report.log_eval(step.number, step.epoch, scores, task.eval_line(step.number, scores))
-        ckpt.save(step)  # every --save-every steps, and the last one
+            report.log_eval(step.number, step.epochs_done, scores, task.eval_line(step.number, scores))
+        ckpt.save(step)  # every --save-every steps, and the last one: after the evaluation, so a resume skips it
 
     # -------------------------------------------------------------- finish
     report.finish(model, tokenizer, steps.completed,

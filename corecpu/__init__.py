@@ -51,6 +51,7 @@ _LAZY = {
     "Run": ("corecpu.training.run", "Run"),
     "RunOptions": ("corecpu.training.run_options", "RunOptions"),
     "Checkpoints": ("corecpu.training.checkpointer", "Checkpoints"),
+    "log_to": ("corecpu.reporting.metrics_log", "log_to"),
     "unwrap": ("corecpu.compute.wrappers", "unwrap"),
     "TrainConfig": ("corecpu.training.train_config", "TrainConfig"),
     "save_checkpoint": ("corecpu.training.checkpoint_state", "save"),
@@ -61,6 +62,7 @@ __all__ = ["CoreCPUError", "run_cli", *_LAZY]
 if TYPE_CHECKING:
     from corecpu.compute.wrappers import unwrap  # noqa: F401
     from corecpu.training.checkpoint_state import resume as resume_checkpoint, save as save_checkpoint  # noqa: F401
+    from corecpu.reporting.metrics_log import log_to  # noqa: F401
     from corecpu.training.checkpointer import Checkpoints  # noqa: F401
     from corecpu.training.train_config import TrainConfig  # noqa: F401
     from corecpu.training.run_options import RunOptions  # noqa: F401

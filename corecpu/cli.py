@@ -211,18 +211,22 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
         "report",
         help="draw a run's curves and CPU binding to a PNG and print a summary",
         description="Render a training run (its --output-dir): loss and learning-rate curves, throughput, eval "
-        "metrics per epoch and the per-rank CPU binding, to a PNG, and print a short text summary.",
+        "scores and the per-rank CPU binding, to a PNG, and print a short text summary.",
     )
     p.add_argument("output_dir", metavar="OUTPUT_DIR", help="the run's --output-dir")
-    p.add_argument("--compare", metavar="DIR2", help="a second run to overlay (drawn in orange)")
+    p.add_argument("--compare", metavar="DIR2", action="append", default=[],
+                   help="another run to overlay (repeat for more: orange, green, ...)")
+    p.add_argument("--x", choices=("steps", "samples", "time"), default="steps",
+                   help="x-axis: optimizer steps, samples seen (comparable across world and batch sizes), or wall "
+                        "time in the loop")
     p.add_argument("--out", metavar="PNG", help="image to write (default: OUTPUT_DIR/report.png)")
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    runs = [load_run(args.output_dir)] + ([load_run(args.compare)] if args.compare else [])
+    runs = [load_run(args.output_dir)] + [load_run(other) for other in args.compare]
     print("\n\n".join(summarize(run) for run in runs))
-    out = render(runs, Path(args.out) if args.out else Path(args.output_dir) / "report.png")
+    out = render(runs, Path(args.out) if args.out else Path(args.output_dir) / "report.png", x=args.x)
     print(f"wrote {out}")
     return 0
 

@@ -321,7 +321,9 @@ def resolve_precision(requested: str, features: CpuFeatures, shapes: Calibration
     if requested == "bf16" or has_amx(features) or ratio is not None:
         return decide_precision(requested, features, ratio, cached=ratio is not None)
     start = time.perf_counter()
-    ratio = measure(shapes, threads, budget_s)
+    with notices.phase(f"timing bf16 against fp32 on this model (batch {shapes.batch_size} x {shapes.seq_len} tokens; "
+                       "once per CPU model)"):
+        ratio = measure(shapes, threads, budget_s)
     seconds = time.perf_counter() - start
     store_cache(path, key, {"bf16_speedup": ratio, "calibration_s": round(seconds, 3), "shapes": shapes.describe(),
                             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

@@ -39,17 +39,21 @@ def mapped_pss(smaps: str, suffixes: tuple[str, ...] = WEIGHT_FILES) -> int:
     return total
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set so far, in MiB: one getrusage call, cheap enough for every log step."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux reports kB
+
+
 def memory_use() -> dict[str, float | None]:
     """{"peak_rss_mb", "pss_mb", "pss_file_mb", "weights_pss_mb"} (the last: mapped .safetensors): None where the kernel does not say (no smaps_rollup: pre-4.14, or
     not Linux)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports kB
     try:
         rollup = parse_rollup(SMAPS_ROLLUP.read_text())
         weights: float | None = mapped_pss(SMAPS.read_text())
     except OSError:
         rollup, weights = {}, None
     mb = 1024 * 1024
-    return {"peak_rss_mb": round(peak, 1),
+    return {"peak_rss_mb": peak_rss_mb(),
             "pss_mb": round(rollup["Pss"] / mb, 1) if "Pss" in rollup else None,
             "pss_file_mb": round(rollup["Pss_File"] / mb, 1) if "Pss_File" in rollup else None,
             "weights_pss_mb": round(weights / mb, 1) if weights is not None else None}

@@ -123,20 +123,25 @@ def _read(path: Path, restore: Callable[[dict[str, Any]], T]) -> T | None:
 
 def cached_per_host(path: Path | None, build: Callable[[], T], state_of: Callable[[T], dict[str, Any]],
                     restore: Callable[[dict[str, Any]], T], local_rank: int,
-                    wait: Callable[[], None] = barrier) -> T:
+                    wait: Callable[[], None] = barrier, what: str = "the data") -> T:
     """`build()`'s result, computed once per host; every rank must call this (it waits for all ranks once).
 
     Local rank 0 of each host reads `path` or builds and writes it (the tensors of `state_of`);
     after `wait` the other local ranks `restore` what it wrote. path None: build, no cache.
+    The job's first rank says which it did: "tokenizing `what`..." and its time, or a cache hit.
     """
     if path is None:
-        return build()
+        with notices.phase(f"tokenizing {what}"):
+            return build()
     result = None
     if local_rank == 0:
         result = _read(path, restore) if path.exists() else None
-        if result is None:
+        if result is not None:
+            notices.say(f"tokenized {what}: cache hit ({path})")
+        else:
             try:
-                result = build()
+                with notices.phase(f"tokenizing {what}"):
+                    result = build()
             except Exception:
                 wait()  # release the other local ranks: they hit the same error building for themselves
                 raise
@@ -154,8 +159,10 @@ def cached_per_host(path: Path | None, build: Callable[[], T], state_of: Callabl
 
 
 def tokenize_cached(data: ClassificationData, tokenizer: Any, max_seq_len: int, cache_dir: Path | None,
-                    local_rank: int, wait: Callable[[], None] = barrier) -> TokenizedDataset:
-    """The tokenized dataset, once per host (see cached_per_host); cache_dir None: no cache."""
+                    local_rank: int, wait: Callable[[], None] = barrier, kind: str = "") -> TokenizedDataset:
+    """The tokenized dataset, once per host (see cached_per_host); cache_dir None: no cache. `kind` ("training",
+    "eval"): what the start-up line calls the examples."""
     path = None if cache_dir is None else cache_path(Path(cache_dir), data, tokenizer, max_seq_len)
     return cached_per_host(path, lambda: TokenizedDataset(data, tokenizer, max_seq_len), _state,
-                           lambda state: CachedTokenizedDataset(state, tokenizer, max_seq_len), local_rank, wait)
+                           lambda state: CachedTokenizedDataset(state, tokenizer, max_seq_len), local_rank, wait,
+                           what=f"{len(data.texts):,} {kind + ' ' if kind else ''}examples")

@@ -18,7 +18,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from corecpu import cachefile, envvars
+from corecpu import cachefile, envvars, notices
 from corecpu.errors import CoreCPUError
 
 if TYPE_CHECKING:
@@ -97,7 +97,8 @@ def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping
     known = cached_pick(gather(cached(key) if rank == 0 else None)[0], order)
     if known is not None:
         return known[0], known[1] + " (cached)"
-    timings = gather(measure(make_paths(), barrier))
+    with notices.phase(f"timing the gradient all-reduce on {', '.join(order)} (once per kind of machine)"):
+        timings = gather(measure(make_paths(), barrier))
     choice, why = pick(timings, order)
     if rank == 0:
         remember(key, choice, timings)

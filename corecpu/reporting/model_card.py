@@ -10,13 +10,20 @@ huggingface_hub's ModelCardData, then a Markdown body.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from corecpu.cpu.hardware import read_cpu_features
+
 DEFAULT_BASE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # what --model default ships
+DEFAULT_BASE_LICENSE = "apache-2.0"  # its model card's
+VERSIONS = ("corecpu", "torch", "transformers", "peft", "intel_extension_for_pytorch", "oneccl_bind_pt")
+RESOLVED = ("precision", "backend")  # settings whose "auto" the run resolved (summary["resolved"])
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 SETTINGS = ("task", "model", "data", "eval_data", "max_seq_len", "doc_stride", "version_2_with_negative",
             "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio", "max_grad_norm", "epochs", "max_steps",
@@ -89,6 +96,50 @@ def base_model_id(model_spec: str) -> str | None:
     return name if isinstance(name, str) and HUB_ID.match(name) and not Path(name).exists() else None
 
 
+def base_license(model_spec: str) -> str | None:
+    """The base model's license, where known: the default model's, or the `license:` of a local copy's README."""
+    if model_spec == "default":
+        return DEFAULT_BASE_LICENSE
+    try:
+        text = (Path(model_spec) / "README.md").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    head = text.split("\n---", 2)[0] if text.startswith("---") else ""
+    found = re.search(r"^license:\s*([\w.+-]+)\s*$", head, re.M)
+    return found.group(1) if found else None
+
+
+def card_name(config: Mapping[str, Any], kind: CardKind, base: str | None) -> str:
+    """What was trained, as a name: `all-MiniLM-L6-v2-finetuned-text-classification` (not the output directory's)."""
+    model = base or str(config.get("model") or "model")
+    return f"{Path(model.rstrip('/')).name or 'model'}-finetuned-{kind.pipeline_tag}"
+
+
+def versions() -> str:
+    """`corecpu 0.1.0, torch 2.13.0, ...`: the packages that made the weights, those installed."""
+    found = []
+    for name in VERSIONS:
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found + [f"Python {platform.python_version()}"])
+
+
+def hardware(summary: Mapping[str, Any]) -> str:
+    """`2 rank(s) on 1 host(s), 1 thread(s) each, Intel(R) Xeon(R) ...`: where it ran."""
+    ranks = summary.get("ranks") or []
+    hosts = len({r.get("host") for r in ranks if r.get("host")}) or "?"
+    threads = (summary.get("resolved") or {}).get("threads", "?")
+    return f"{len(ranks) or '?'} rank(s) on {hosts} host(s), {threads} thread(s) each, {read_cpu_features().model_name}"
+
+
+def _setting(key: str, config: Mapping[str, Any], resolved: Mapping[str, Any]) -> str:
+    value = resolved.get(key) if key in RESOLVED and resolved.get(key) is not None else config[key]
+    asked = f" (asked: {config[key]})" if str(value) != str(config[key]) else ""
+    return f"| `{key}` | `{value}`{asked} |"
+
+
 def _what(kind: CardKind, label_names: Sequence[str] | None, base: str | None, config: Mapping[str, Any]) -> str:
     source = f" from [{base}](https://huggingface.co/{base})" if base else ""
     if kind.pipeline_tag == "question-answering":
@@ -108,8 +159,9 @@ def _what(kind: CardKind, label_names: Sequence[str] | None, base: str | None, c
 
 
 def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_names: Sequence[str] | None,
-               data_desc: str, model_name: str = "corecpu-finetuned", kind: CardKind = CLASSIFICATION_CARD) -> str:
-    """The README.md text. `summary` is what train.py writes to summary.json."""
+               data_desc: str, model_name: str | None = None, kind: CardKind = CLASSIFICATION_CARD) -> str:
+    """The README.md text. `summary` is what train.py writes to summary.json; its `resolved` choices (precision,
+    backend) are shown beside the flags asked. `model_name`: default the model and the task (card_name)."""
     from huggingface_hub import EvalResult, ModelCardData
 
     last_eval = summary.get("last_eval") or {}
@@ -119,19 +171,21 @@ def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_name
                           metric_type=key, metric_name=name, metric_value=round(float(last_eval[f"eval_{key}"]), 6))
                for key, name in kind.metrics if last_eval.get(f"eval_{key}") is not None]
     base = base_model_id(str(config.get("model", "")))
+    model_name = model_name or card_name(config, kind, base)
+    license_id = base_license(str(config.get("model", "")))
     data = ModelCardData(
-        library_name="transformers", pipeline_tag=kind.pipeline_tag,
+        library_name="transformers", pipeline_tag=kind.pipeline_tag, license=license_id,
         tags=[kind.pipeline_tag, "corecpu", "cpu", "ddp"], base_model=base,
         metrics=[key for key, _ in kind.metrics] if results else None, model_name=model_name if results else None,
         eval_results=results or None,
     )
     shown = [k for k in SETTINGS if k in config]  # config.json holds only this run's task options
-    settings = "\n".join(f"| `{k}` | `{config[k]}` |" for k in shown)
+    settings = "\n".join(_setting(k, config, summary.get("resolved") or {}) for k in shown)
     ranks = len(summary.get("ranks", [])) or "?"
     per_rank, accum = config.get("batch_size"), config.get("grad_accum")
     global_batch = per_rank * accum * ranks if isinstance(ranks, int) and per_rank and accum else "?"
-    eval_rows = "\n".join(f"| {k[5:]} | {v:.4f} |" for k, v in last_eval.items() if k != "eval_examples"
-                          and isinstance(v, (int, float)))
+    eval_rows = "\n".join(f"| {k[5:]} | {v:.4f} |" for k, v in last_eval.items()
+                          if k not in ("eval_examples", "eval_runtime") and isinstance(v, (int, float)))
     rate = summary.get("samples_per_s_after_warmup")
     body = f"""
 # {model_name}
@@ -149,6 +203,9 @@ def model_card(config: Mapping[str, Any], summary: Mapping[str, Any], label_name
 {_fmt(summary.get('seconds'), '.1f')} s{f', {rate:.1f} samples/s after warm-up' if rate else ''};
 final training loss {_fmt(summary.get('final_loss'), '.4f')}.
 
+- hardware: {hardware(summary)}
+- software: {versions()}
+
 | setting | value |
 |---|---|
 {settings}
@@ -156,6 +213,12 @@ final training loss {_fmt(summary.get('final_loss'), '.4f')}.
 ## Results (last evaluation)
 
 {('| metric | value |' + chr(10) + '|---|---|' + chr(10) + eval_rows) if eval_rows else 'No evaluation was run.'}
+
+## License
+
+{f"`{license_id}`, the base model's license." if license_id else
+ "Not recorded: the base model's license applies" + (f" (see [{base}](https://huggingface.co/{base}))." if base else
+                                                     "; a model built here from random weights carries none.")}
 
 ## How to load
 
@@ -173,6 +236,5 @@ def _fmt(value: Any, spec: str) -> str:
 def write_model_card(final_dir: str | Path, config: Mapping[str, Any], summary: Mapping[str, Any],
                      label_names: Sequence[str] | None, data_desc: str, kind: CardKind = CLASSIFICATION_CARD) -> Path:
     path = Path(final_dir) / "README.md"
-    path.write_text(model_card(config, summary, label_names, data_desc, model_name=Path(final_dir).resolve().parent.name
-                               or "corecpu-finetuned", kind=kind), encoding="utf-8")
+    path.write_text(model_card(config, summary, label_names, data_desc, kind=kind), encoding="utf-8")
     return path

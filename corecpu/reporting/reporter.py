@@ -24,7 +24,7 @@ from corecpu.reporting.trackers import open_trackers
 from corecpu.compute import flops
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
-from corecpu.cpu.memory_use import memory_use
+from corecpu.cpu.memory_use import memory_use, peak_rss_mb
 from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_disk import process_start
@@ -52,6 +52,7 @@ class Reporter:
             self.out.mkdir(parents=True, exist_ok=True)
             self.metrics = MetricsLog(self.out / "metrics.jsonl", resume_step,
                                       open_trackers(trackers, self.out, config, env=self.env, rank=run.rank))
+        run.on_log(self.log)  # run.log() in a task or a loop: the same metrics.jsonl and trackers
         self.started = time.perf_counter()
         self.start_up_s: float | None = None  # launcher start to the training loop (set by start())
         self._interval = Throughput()
@@ -62,6 +63,8 @@ class Reporter:
         self._flops: flops.FlopCount | None = None  # what a token costs: for MFU (set by start(), after wrap())
         self.matmul: dict[str, Any] | None = None  # the job's measured matmul rate in the run's precision
         self._stats = StepStats()
+        self._start_step = 0  # the step the loop (re)started at: the ETA divides by the steps since
+        self._eval_started: float | None = None
         self._last_step = 0  # the last step logged (its loss was finite)
         self.last_loss: float | None = None
         self.last_eval: dict[str, float] | None = None
@@ -76,6 +79,7 @@ class Reporter:
         """As the loop starts (after run.wrap(): the precision is settled): config.json, topology.json, progress."""
         self._measure_matmul()
         self.started = time.perf_counter()
+        self._start_step = step
         self.start_up_s = seconds_since_launch(self.env)
         if self.main:
             self._write("config.json", {**self.config, "resolved": self.run.resolved(), "decisions": self.run.describe()})
@@ -114,21 +118,27 @@ class Reporter:
         `weight`: what `loss` is the mean over, when not its samples (step.weight: label tokens)."""
         self._stats.add(loss, samples, tokens, padded, weight)
 
-    def step_done(self, step: Step, lr: float) -> None:
+    def step_done(self, step: Step, lr: float, grad_norm: torch.Tensor | float | None = None) -> None:
         """After each optimizer step on every rank: a record every `log_every` steps and at the last one
-        (reducing the sums across ranks only then), and the progress bar."""
+        (reducing the sums across ranks only then), and the progress bar. `grad_norm`: what clip_grad_norm_
+        returned (the same on every rank); read, like the loss, only on a log step: the logged step's own."""
         if step.number % self.log_every == 0 or step.is_last:
-            stats = self._stats.reduce(self.run.all_reduce_sum)
+            stats = self._stats.reduce(self.run.all_reduce_sum, rank=self.run.rank, world_size=self.run.world_size,
+                                       rank_value=peak_rss_mb())
             if not math.isfinite(stats["loss"]):  # the same reduced value on every rank: all stop together
                 since = f" (finite at step {self._last_step})" if self._last_step else ""
                 raise CoreCPUError(f"the training loss became {stats['loss']} by step {step.number}{since}; stopped "
                                    "without saving it over the last checkpoint; lower --lr, or check the data")
             self._last_step = step.number
-            self.log_step(step.number, step.epoch, lr, stats)
+            self.log_step(step.number, step.epochs_done, lr, stats, grad_norm=None if grad_norm is None
+                          else float(grad_norm))
         self.advance(step.number, f"epoch {step.epoch + 1}/{step.epochs}")
 
-    def log_step(self, step: int, epoch: int, lr: float, stats: dict[str, float]) -> dict[str, Any]:
-        """One training record from already-reduced `stats` (StepStats.reduce)."""
+    def log_step(self, step: int, epoch: float, lr: float, stats: Mapping[str, Any],
+                 grad_norm: float | None = None) -> dict[str, Any]:
+        """One training record from already-reduced `stats` (StepStats.reduce). `epoch` is fractional (1.0 at the
+        end of the first); `learning_rate`, `grad_norm` and `epoch` are transformers' names, so dashboards line
+        up with a Trainer's runs; `lr` stays for the readers of earlier records."""
         sps, tps = self._interval.rates(stats["samples"], stats["tokens"])
         now = time.perf_counter()
         if self._timed_from is None:
@@ -137,24 +147,51 @@ class Reporter:
             self._timed_samples, self._timed_to = self._timed_samples + stats["samples"], now
             self._timed_tokens += stats["tokens"]
         self.last_loss = stats["loss"]
-        record = {"step": step, "epoch": epoch, "loss": stats["loss"], "lr": lr, "samples": int(stats["samples"]),
-                  "tokens": int(stats["tokens"]), "samples_per_s": sps,
-                  "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)}
+        record: dict[str, Any] = {"step": step, "epoch": round(epoch, 4), "loss": stats["loss"], "lr": lr,
+                                  "learning_rate": lr}
+        if grad_norm is not None:  # null when not finite (a step clipping cannot save): metrics.jsonl stays JSON
+            record["grad_norm"] = grad_norm if math.isfinite(grad_norm) else None
+        record.update({"samples": int(stats["samples"]), "tokens": int(stats["tokens"]), "samples_per_s": sps, "tokens_per_s": tps,
+                       "elapsed_s": round(now - self.started, 4)})
         if "padding" in stats:
             record["padding"] = round(stats["padding"], 4)
         if (utilisation := self._mfu(tps, stats["tokens"], stats["samples"])) is not None:
             record["mfu"] = utilisation
+        if stats.get("per_rank"):  # every rank's peak resident set so far: the highest, and each
+            record["peak_rss_mb"] = round(max(stats["per_rank"]), 1)
+            record["rank_peak_rss_mb"] = [round(v, 1) for v in stats["per_rank"]]
         if self.metrics:
             self.metrics.write(record)
-            self.say(format_step(record, self.total_steps))
+            done = step - self._start_step
+            per_step = (now - self.started) / done if done > 0 else None
+            self.say(format_step(record, self.total_steps, per_step))
         return record
 
-    def log_eval(self, step: int, epoch: int, scores: dict[str, float], line: str | None = None) -> None:
-        """One evaluation's scores (already reduced over ranks) as a record, and `line` for people."""
+    def evaluating(self, step: int, batches: int | None = None) -> None:
+        """As an evaluation starts, on every rank: a line now (an evaluation can take minutes) and the bar's
+        status; log_eval() then says how long it took."""
+        self._eval_started = time.perf_counter()
+        self.advance(step, "evaluating")
+        if self.main and not self.progress:
+            self.say(f"eval  step {step}: evaluating" + (f" ({batches} batches per rank)..." if batches else "..."))
+
+    def log_eval(self, step: int, epoch: float, scores: dict[str, float], line: str | None = None) -> None:
+        """One evaluation's scores (already reduced over ranks) as a record, and `line` for people; with
+        evaluating() called first, its duration too (transformers' eval_runtime)."""
         self.last_eval = scores
+        record: dict[str, Any] = {"step": step, "epoch": round(epoch, 4), **scores}
+        if self._eval_started is not None:
+            record["eval_runtime"] = round(time.perf_counter() - self._eval_started, 3)
+            self._eval_started = None
         if self.metrics:
-            self.metrics.write({"step": step, "epoch": epoch, **scores})
-            self.say(line or "eval  step {} | ".format(step) + " | ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+            self.metrics.write(record)
+            line = line or "eval  step {} | ".format(step) + " | ".join(f"{k} {v:.4f}" for k, v in scores.items())
+            self.say(line + (f" | {record['eval_runtime']:.1f} s" if "eval_runtime" in record else ""))
+
+    def log(self, values: Mapping[str, Any], step: int) -> None:
+        """A record of the loop's own (run.log()): metrics.jsonl and the trackers, on rank 0."""
+        if self.metrics:
+            self.metrics.write({"step": step, **values})
 
     @property
     def samples_per_s(self) -> float | None:
@@ -183,7 +220,9 @@ class Reporter:
                card: Callable[[Path, dict[str, Any]], Any] | None = None) -> Path | None:
         """final/ (export_final), then summary.json (every rank's loss and weight checksum: DDP replicas
         must agree), last. Collective."""
-        self.close()
+        if self.progress:
+            self.progress.stop()
+            self.progress = None
         model = unwrap(model)
         elapsed = time.perf_counter() - self.started
         views = self.run.gather({"rank": self.run.rank, "host": self.reports[self.run.rank]["host"], "steps": steps,
@@ -194,15 +233,20 @@ class Reporter:
         if self.main:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
                        "samples_per_s_after_warmup": self.samples_per_s, "mfu_after_warmup": self.mfu,
-                       "matmul": self.matmul, "ranks": views}
+                       "matmul": self.matmul, "resolved": self.run.resolved(),
+                       "peak_rss_mb": max((v["peak_rss_mb"] for v in views), default=None),  # the highest rank's
+                       "ranks": views}
             saving = time.perf_counter()
             final = export_final(self.out / "final", model, tokenizer, summary, card)
+            if self.metrics:
+                self.metrics.log_model(final)  # HF_MLFLOW_LOG_ARTIFACTS, WANDB_LOG_MODEL
             summary["phases"] = phase_split(self.start_up_s, elapsed, self.run.untimed_seconds,
                                             time.perf_counter() - saving)
             self._write("summary.json", summary)  # last: a kill before this leaves no summary of this end
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
             rate += f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
+        self.close()
         self.run.barrier()
         return final
 

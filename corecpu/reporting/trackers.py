@@ -7,8 +7,12 @@ works with `Trainer` works here:
   TensorBoard  TENSORBOARD_LOGGING_DIR (default OUTPUT_DIR/tensorboard)
   MLflow       MLFLOW_TRACKING_URI (default a local file store, OUTPUT_DIR/mlruns),
                MLFLOW_EXPERIMENT_NAME (default: MLflow's Default experiment), MLFLOW_TAGS (JSON),
-               MLFLOW_RUN_ID (continue that run instead of starting one)
-  wandb        WANDB_PROJECT (default "corecpu"), WANDB_MODE (e.g. offline; read by wandb itself)
+               MLFLOW_RUN_ID (continue that run instead of starting one),
+               HF_MLFLOW_LOG_ARTIFACTS=1 (the final model, final/, as the run's artifacts, under "final")
+  wandb        WANDB_PROJECT (default "corecpu"), WANDB_MODE (e.g. offline; read by wandb itself),
+               WANDB_LOG_MODEL=end (the final model as a "model" artifact; "checkpoint" uploads it at the end too)
+
+`--report-to all` is every tracker whose package is installed, as transformers' report_to="all".
 
 Usage (rank 0):
     names = parse_report_to(cfg.report_to)          # every rank, at set-up: bad names fail early
@@ -42,7 +46,13 @@ MLFLOW_BATCH = 100  # MLflow's limit of params per log_batch call
 class Tracker(Protocol):
     def log_config(self, config: Mapping[str, Any]) -> None: ...
     def log(self, record: Mapping[str, Any], step: int) -> None: ...
+    def log_model(self, final: Path) -> None: ...  # the exported model, where the tracker's variables ask for it
     def close(self) -> None: ...
+
+
+def truthy(value: str | None) -> bool:
+    """transformers' reading of a yes/no variable (HF_MLFLOW_LOG_ARTIFACTS)."""
+    return (value or "").strip().upper() in ("1", "TRUE", "YES", "ON")
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -52,6 +62,10 @@ def parse_report_to(spec: str, find_spec: Callable[[str], Any] = importlib.util.
     names = [n.strip().lower() for n in spec.split(",") if n.strip()]
     if not names or names == ["none"]:
         return []
+    if names == ["all"]:  # transformers' report_to="all": whatever is installed, possibly nothing
+        return [name for name, (module, _) in TRACKERS.items() if find_spec(module) is not None]
+    if "all" in names:
+        raise CoreCPUError(f"report-to {spec!r} mixes 'all' with trackers; give either 'all' or a list of trackers")
     if "none" in names:
         raise CoreCPUError(f"report-to {spec!r} mixes 'none' with trackers; give either 'none' or a list of trackers")
     for name in names:
@@ -131,13 +145,17 @@ class TensorBoardTracker:
             self._writer.add_scalar(key, value, step)
         self._writer.flush()
 
+    def log_model(self, final: Path) -> None:
+        pass  # TensorBoard keeps scalars, not models
+
     def close(self) -> None:
         self._writer.close()
 
 
 class MLflowTracker:
     def __init__(self, uri: str, experiment: str | None, run_name: str, tags: Mapping[str, str] | None = None,
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, log_artifacts: bool = False) -> None:
+        self.log_artifacts = log_artifacts  # HF_MLFLOW_LOG_ARTIFACTS
         if is_file_store(uri):
             # MLflow 3 refuses the file store unless asked; a local directory is what the user chose here.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -172,14 +190,20 @@ class MLflowTracker:
         if metrics:
             self._client.log_batch(self.run_id, metrics=metrics)
 
+    def log_model(self, final: Path) -> None:
+        if self.log_artifacts:
+            self._client.log_artifacts(self.run_id, str(final), artifact_path="final")
+
     def close(self) -> None:
         self._client.set_terminated(self.run_id)
 
 
 class WandbTracker:
-    def __init__(self, project: str, run_dir: Path, run_name: str) -> None:
+    def __init__(self, project: str, run_dir: Path, run_name: str, log_model: str = "false") -> None:
         import wandb  # WANDB_MODE (offline, disabled) and the API key are read by wandb itself
 
+        self._wandb = wandb
+        self.log_model_when = log_model.strip().lower()  # WANDB_LOG_MODEL: end, checkpoint (legacy: true), false
         run_dir.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project=project, dir=str(run_dir), name=run_name)
 
@@ -188,6 +212,12 @@ class WandbTracker:
 
     def log(self, record: Mapping[str, Any], step: int) -> None:
         self._run.log(rewrite_keys(numeric_items(record)), step=step)
+
+    def log_model(self, final: Path) -> None:
+        if self.log_model_when in ("end", "checkpoint", "true", "1"):
+            artifact = self._wandb.Artifact(name=f"model-{self._run.id}", type="model")
+            artifact.add_dir(str(final))
+            self._run.log_artifact(artifact)
 
     def close(self) -> None:
         self._run.finish()
@@ -209,9 +239,11 @@ def open_trackers(names: Sequence[str], output_dir: str | Path, config: Mapping[
             elif name == "mlflow":
                 uri, experiment = mlflow_settings(output_dir, env)
                 tags = json.loads(env["MLFLOW_TAGS"]) if env.get("MLFLOW_TAGS") else None
-                trackers.append(MLflowTracker(uri, experiment, run_name, tags, env.get("MLFLOW_RUN_ID") or None))
+                trackers.append(MLflowTracker(uri, experiment, run_name, tags, env.get("MLFLOW_RUN_ID") or None,
+                                              log_artifacts=truthy(env.get("HF_MLFLOW_LOG_ARTIFACTS"))))
             elif name == "wandb":
-                trackers.append(WandbTracker(env.get("WANDB_PROJECT") or "corecpu", output_dir, run_name))
+                trackers.append(WandbTracker(env.get("WANDB_PROJECT") or "corecpu", output_dir, run_name,
+                                             log_model=env.get("WANDB_LOG_MODEL") or "false"))
             else:
                 raise CoreCPUError(f"unknown tracker {name!r}; use one of: {', '.join(TRACKERS)}")
         if config is not None:

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 import torch
 from torch.utils.data import DataLoader
 
+from corecpu import notices
 from corecpu.compute.wrappers import unwrap
 from corecpu.data.builtin_sft import SFT_NAME, builtin_sft, unigram_baseline
 from corecpu.data.causal_records import FORMAT_CHOICES, CausalData, read_causal_data
@@ -178,9 +179,12 @@ class CausalLM:
     def features(self, data: TaskData, tokenizer: Any, run: Run) -> tuple[CausalFeatures, CausalFeatures | None]:
         """Tokenized on every rank (a fast tokenizer does the built-in set in well under a second)."""
         cfg, opts = self.cfg, self.options
-        train = tokenize_causal(data.train, tokenizer, cfg.max_seq_len, completion_only_loss=opts.completion_only_loss)
-        held = (tokenize_causal(data.eval, tokenizer, cfg.max_seq_len, completion_only_loss=opts.completion_only_loss)
-                if data.eval else None)
+        with notices.phase(f"tokenizing {len(data.train):,} training and {len(data.eval) if data.eval else 0:,} eval "
+                           "records"):
+            train = tokenize_causal(data.train, tokenizer, cfg.max_seq_len,
+                                    completion_only_loss=opts.completion_only_loss)
+            held = (tokenize_causal(data.eval, tokenizer, cfg.max_seq_len, completion_only_loss=opts.completion_only_loss)
+                    if data.eval else None)
         self._held = _Held(tokenizer, held)
         data.tokenized_notes[:] = [n for n in (_cut(train, "training"), _cut(held, "eval")) if n]
         data.memory = self._check_memory(run.launch.local_world_size)

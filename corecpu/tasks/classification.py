@@ -98,8 +98,9 @@ class Classification:
         """Tokenized once per host: local rank 0 tokenizes (or reads its cache), the others load its file."""
         cfg = self.cfg
         cache = envvars.cache_dir() / "tokenized"
-        train = tokenize_cached(data.train, tokenizer, cfg.max_seq_len, cache, run.local_rank)
-        held = tokenize_cached(data.eval, tokenizer, cfg.max_seq_len, cache, run.local_rank) if data.eval else None
+        train = tokenize_cached(data.train, tokenizer, cfg.max_seq_len, cache, run.local_rank, kind="training")
+        held = (tokenize_cached(data.eval, tokenizer, cfg.max_seq_len, cache, run.local_rank, kind="eval")
+                if data.eval else None)
         return train, held
 
     def collate(self, tokenizer: Any):  # noqa: ANN201 - a collate function

@@ -6,7 +6,7 @@ instance of the class's `Options`). train.py calls its methods in this order, on
 unless a method says otherwise:
 
     load -> model -> features -> collate -> checkpoint_config -> describe
-    -> (evaluate -> eval_line) at the end of each epoch -> model_card
+    -> (evaluate -> eval_line) at the end of each epoch (or every --eval-steps steps) and the last step -> model_card
 
 The loop itself is the same for every task: a batch from `collate` goes to `model(**batch)`
 after train.py pops the META_KEYS (num_tokens, num_padded, valid; corecpu.data.tokenized), and

@@ -180,7 +180,8 @@ class QuestionAnswering:
                f"{tokenizer_fingerprint(tokenizer)}|{cfg.max_seq_len}|{self.options.doc_stride}")
         path = envvars.cache_dir() / "tokenized" / f"qa-{hashlib.blake2b(key.encode(), digest_size=12).hexdigest()}.pt"
         return cached_per_host(path, lambda: build(examples, tokenizer, cfg.max_seq_len, self.options.doc_stride),
-                               features_state, features_from_state, run.local_rank)
+                               features_state, features_from_state, run.local_rank,
+                               what=f"{len(examples):,} {'training' if train else 'eval'} questions")
 
     def collate(self, tokenizer: Any):  # noqa: ANN201 - a collate function
         return make_collate(tokenizer, self.cfg.pad_to_multiple_of, self.cfg.max_seq_len)

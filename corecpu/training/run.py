@@ -23,6 +23,7 @@ while it runs has its own owner, each one writer:
     LoopClock  (training/loop_clock.py) the step in progress, the watchdog, untimed seconds: Steps
     Wrapped    (training/wrapping.py)   the wrapped model, the settled precision, the checkpointer: wrap(), once
     Checkpoints                         the resume position, what was saved: its own methods
+    RunLog     (training/run_log.py)    where run.log() records go: on_log() (corecpu.log_to, train.py's reporter)
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
 from corecpu.training.lifetime import Lifetime
 from corecpu.training.loop_clock import LoopClock
+from corecpu.training.run_log import RunLog
 from corecpu.training.run_options import RunOptions
 from corecpu.training.schedule import Schedule
 from corecpu.training.steps import Steps, no_sync
@@ -89,6 +91,7 @@ class Run:
     _clock: LoopClock = dataclasses.field(default_factory=lambda: LoopClock(watchdog.NullWatchdog), repr=False,
                                           compare=False)
     _wrapped: Once[Wrapped] = dataclasses.field(default_factory=lambda: Once("wrap()"), repr=False, compare=False)
+    _log: RunLog = dataclasses.field(default_factory=RunLog, repr=False, compare=False)
 
     # ------------------------------------------------------------ who am I
     @property
@@ -322,6 +325,19 @@ class Run:
         """Seconds spent so far in untimed phases, by kind ("eval", "checkpoint", ...)."""
         return self._clock.seconds()
 
+    # ------------------------------------------------------------ records
+    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        """A record of your loop's values at `step` (default: the step in progress, run.step), e.g.
+        `run.log({"loss": loss, "learning_rate": lr})`: to metrics.jsonl and the trackers, by rank 0 (on other
+        ranks it does nothing; reduce first what differs between ranks). Under train.py it goes where train.py's
+        records go; in a loop of your own attach them once: `corecpu.log_to(run, "runs/mine", report_to="tensorboard")`.
+        A tensor is read with .item() (a host sync): call this on log steps only."""
+        self._log.write(values, self._clock.step if step is None else step)
+
+    def on_log(self, write: Callable[[Mapping[str, Any], int], None]) -> None:
+        """Call `write(record, step)` for each run.log() record (corecpu.log_to and train.py's reporter do)."""
+        self._log.attach(write)
+
     def on_close(self, fn: Callable[[], None]) -> None:
         """Call `fn` when the run closes (last registered, first called), whatever ends it."""
         self._life.on_close(fn)
@@ -356,6 +372,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
                            f"{', '.join(f.name for f in dataclasses.fields(RunOptions))}")
     opts = dataclasses.replace(options or RunOptions(), **overrides).validate()
     info = detect_launcher(env)
+    if info.rank == 0:  # at once: what follows (process group, all-reduce timing) can take a while
+        print(f"corecpu {info.world_size} rank(s) via {info.launcher}: setting up", flush=True)
     cpus, warning = _threads.launcher_cpus(env)
     if warning:
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -98,10 +98,14 @@ class StepStats:
         self.tokens += tokens
         self.padded += padded
 
-    def reduce(self, all_reduce_sum: Callable[[Sequence[float]], list[float]]) -> dict[str, float]:
-        """Global mean loss and totals since the last call (a collective: every rank calls it)."""
-        loss, weight, samples, tokens, padded = all_reduce_sum([self.loss_sum.item(), self.weight, self.samples,
-                                                                self.tokens, self.padded])
+    def reduce(self, all_reduce_sum: Callable[[Sequence[float]], list[float]], *, rank: int = 0, world_size: int = 1,
+               rank_value: float = 0.0) -> dict[str, Any]:
+        """Global mean loss and totals since the last call (a collective: every rank calls it). `rank_value`
+        (this rank's peak RSS, say) comes back for every rank as "per_rank", in the same all-reduce."""
+        slots = [0.0] * world_size
+        slots[rank] = rank_value
+        loss, weight, samples, tokens, padded, *per_rank = all_reduce_sum(
+            [self.loss_sum.item(), self.weight, self.samples, self.tokens, self.padded, *slots])
         self.__init__()
         return {"loss": loss / max(weight, 1e-12), "samples": samples, "tokens": tokens,
-                "padding": padded / max(tokens + padded, 1)}
+                "padding": padded / max(tokens + padded, 1), "per_rank": per_rank}

@@ -104,6 +104,17 @@ class Step:
         return self._loop.schedule.epochs
 
     @property
+    def epochs_done(self) -> float:
+        """Epochs done once this step is done, fractional (transformers' `epoch`): 0.5 halfway through the
+        first, 1.0 at its end."""
+        return self.epoch + (self.first_micro + self.group_len) / self._loop.schedule.micro_per_epoch
+
+    def ends_interval(self, every: int) -> bool:
+        """Whether something done every `every` steps is due after this one: every `every`-th step, or with
+        `every` 0 each epoch's end; and always the run's last step (e.g. --eval-steps)."""
+        return self.is_last or (self.number % every == 0 if every > 0 else self.ends_epoch)
+
+    @property
     def position(self) -> tuple[int, int]:
         """(epoch, micro-batches consumed in it) once this step is done: where a resume starts.
         At an epoch's end that is the start of the next epoch."""

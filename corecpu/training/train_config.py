@@ -102,6 +102,7 @@ class TrainConfig:
     # -- output
     output_dir: str = opt("runs/default", "where metrics.jsonl, checkpoints/ and final/ go", metavar="DIR")
     log_every: int = opt(10, "log one line and one metrics.jsonl record every N optimizer steps")
+    eval_steps: int = opt(0, "evaluate every N optimizer steps (0: at the end of each epoch); always at the last step")
     save_every: int = opt(0, "write a checkpoint every N optimizer steps (0: only at the end)")
     keep_checkpoints: int = opt(2, "keep the newest K checkpoints")
     resume: str = opt("", "'auto': continue from the newest complete checkpoint in --output-dir; or a checkpoint dir",
@@ -109,7 +110,8 @@ class TrainConfig:
     resume_approximate: bool = opt(False, "resume even when ranks x --batch-size x --grad-accum differ from the "
                                     "checkpoint's; the position in the epoch is then approximate (the start-up says "
                                     "how many examples are skipped or repeated)")
-    report_to: str = opt("none", "experiment trackers, comma-separated: none, tensorboard, mlflow, wandb",
+    report_to: str = opt("none", "experiment trackers, comma-separated: none, tensorboard, mlflow, wandb; or all "
+                          "(every one installed)",
                           metavar="LIST")
     progress: str = opt("auto", "rich progress bar on rank 0: auto (only on a terminal), on, off",
                          choices=("auto", "on", "off"))
@@ -132,7 +134,7 @@ class TrainConfig:
         for name in ("batch_size", "grad_accum", "epochs", "max_seq_len", "log_every", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise CoreCPUError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("max_steps", "save_every", "max_grad_norm", "weight_decay", "pad_to_multiple_of"):
+        for name in ("max_steps", "eval_steps", "save_every", "max_grad_norm", "weight_decay", "pad_to_multiple_of"):
             if getattr(self, name) < 0:
                 raise CoreCPUError(f"{flag(name)} must not be negative, got {getattr(self, name)}")
         for owner in (self, self.task_options):

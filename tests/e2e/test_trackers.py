@@ -34,7 +34,8 @@ def test_train_reports_to_tensorboard_and_mlflow_from_a_saved_dataset(tmp_path, 
                            "--progress", "off", "--data", str(tmp_path / "data"), "--batch-size", "8",
                            "--max-steps", "4", "--log-every", "2", "--report-to", "tensorboard,mlflow",
                            "--output-dir", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_EXPERIMENT_NAME": "e2e"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_EXPERIMENT_NAME": "e2e",
+                               "HF_MLFLOW_LOG_ARTIFACTS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows_out = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows_out if "loss" in r]
@@ -54,6 +55,11 @@ def test_train_reports_to_tensorboard_and_mlflow_from_a_saved_dataset(tmp_path, 
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")] == \
         [(r["step"], r["loss"]) for r in train]
     assert run.data.metrics["eval_accuracy"] == evaluation["eval_accuracy"]
+    # transformers' names, so panels line up with a Trainer's runs; the final model as artifacts, as asked
+    assert {"learning_rate", "grad_norm", "epoch", "peak_rss_mb"} <= run.data.metrics.keys()
+    stored = {a.path for a in client.list_artifacts(run.info.run_id, "final")}
+    assert {"final/model.safetensors", "final/README.md"} <= stored
+    assert {"train/learning_rate", "train/grad_norm", "train/epoch"} <= set(acc.Tags()["scalars"])
 
     card = (out / "final" / "README.md").read_text()
     meta = yaml.safe_load(card.split("---\n")[1])

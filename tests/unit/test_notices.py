@@ -29,3 +29,12 @@ def test_a_warning_is_one_plain_line_said_once(capsys):
     assert not notices.warn("the cache is odd; fix it", env={})
     assert not notices.warn("only rank 0 says this", env={"PMI_RANK": "1"})
     assert capsys.readouterr().err == "corecpu: warning: the cache is odd; fix it\n"
+
+
+def test_a_slow_phase_is_said_as_it_starts_and_ends_by_rank_0_only(capsys):
+    with notices.phase("tokenizing 87,599 examples", env={}):
+        assert capsys.readouterr().out == "tokenizing 87,599 examples...\n"  # before the work, not after
+    assert capsys.readouterr().out.startswith("tokenizing 87,599 examples: 0.0 s")
+    with notices.phase("tokenizing", env={"PMI_RANK": "1"}):
+        pass
+    assert not notices.say("only rank 0", env={"RANK": "2"}) and capsys.readouterr().out == ""

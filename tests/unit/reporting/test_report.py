@@ -114,3 +114,44 @@ def test_qa_runs_report_squad_scores(tmp_path):
     text = summarize(run)
     assert "best eval F1 80.50 at step 12 (epoch 2); last eval: exact match 70.00, F1 80.50" in text
     assert render([run], tmp_path / "qa.png").stat().st_size > 0
+
+
+def test_x_axis_samples_and_time_compare_runs_of_other_sizes(tmp_path):
+    from corecpu.reporting.run_report import x_values
+
+    path = make_run(tmp_path / "a", epochs=1)
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:  # today's records: fractional epoch, learning_rate, samples per interval; resumed after step 3
+        if "loss" in r:
+            r.update(samples=8, learning_rate=r["lr"], elapsed_s=(r["step"] - 3 if r["step"] > 3 else r["step"]) * 0.5)
+        r["epoch"] = r["step"] / 6
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = load_run(path)
+    samples, time = x_values(run, "samples"), x_values(run, "time")
+    assert [samples(s) for s in (1, 2, 6)] == [8.0, 16.0, 48.0] and samples(2.5) == 20.0
+    assert [time(s) for s in (3, 4, 5)] == [1.5, 2.0, 2.5]  # the resumed clock continues, never goes back
+    assert "best eval accuracy 0.8000 at step 6 (epoch 1)" in summarize(run)
+    with pytest.raises(CoreCPUError, match="x-axis 'epochs' is not one of: steps, samples, time"):
+        x_values(run, "epochs")
+
+
+def test_summary_says_what_ran_and_where_the_time_went(tmp_path):
+    path = make_run(tmp_path / "a")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "precision": "auto", "resolved": {"precision": "bf16"}}))
+    summary = json.loads((path / "summary.json").read_text())
+    (path / "summary.json").write_text(json.dumps({**summary, "peak_rss_mb": 812.4, "phases": {
+        "start_up_s": 9.5, "steps_s": 30.25, "eval_s": 4.0, "checkpoint_s": 1.0, "final_save_s": 0.5}}))
+    text = summarize(load_run(path))
+    assert "precision bf16" in text and "900 tokens/s (median)" in text
+    assert "time: start-up 9.5 s, steps 30.2 s, eval 4.0 s, checkpoint 1.0 s, final-save 0.5 s" in text
+    assert "peak RSS 812 MB" in text
+
+
+def test_cli_compares_several_runs_on_samples(tmp_path, capsys):
+    runs = [make_run(tmp_path / name, ranks=r) for name, r in (("a", 1), ("b", 2), ("c", 4))]
+    with pytest.raises(SystemExit) as done:
+        main(["report", str(runs[0]), "--compare", str(runs[1]), "--compare", str(runs[2]), "--x", "samples",
+              "--out", str(tmp_path / "r.png")])
+    assert done.value.code == 0 and (tmp_path / "r.png").stat().st_size > 0
+    assert capsys.readouterr().out.count("12 steps on") == 3

@@ -185,3 +185,53 @@ def test_failing_tracker_is_dropped_not_fatal(tmp_path, capsys):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3
     assert capsys.readouterr().err.count("server gone") == 1
     assert not Broken.closed
+
+
+def test_report_to_all_is_every_installed_tracker():
+    assert parse_report_to("all", installed("*")) == ["tensorboard", "mlflow", "wandb"]
+    assert parse_report_to("ALL", installed("mlflow")) == ["mlflow"]
+    assert parse_report_to("all", lambda module: None) == []  # transformers: all of none installed is none
+    with pytest.raises(CoreCPUError, match="mixes 'all'"):
+        parse_report_to("all,mlflow", installed("*"))
+
+
+def test_hf_mlflow_log_artifacts_stores_the_final_model(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    final = tmp_path / "final"
+    final.mkdir()
+    (final / "config.json").write_text("{}")
+    for value, stored in (("", False), ("TRUE", True)):
+        (tracker,) = open_trackers(["mlflow"], tmp_path, CONFIG, env={"HF_MLFLOW_LOG_ARTIFACTS": value})
+        log = MetricsLog(tmp_path / "metrics.jsonl", None, trackers=[tracker])
+        log.log_model(final)
+        log.close()
+        listed = [a.path for a in MlflowClient(tracking_uri=tracker.uri).list_artifacts(tracker.run_id, "final")]
+        assert listed == (["final/config.json"] if stored else []), value
+
+
+def test_wandb_log_model_uploads_the_final_directory(tmp_path, monkeypatch):
+    calls = []
+
+    class Artifact:
+        def __init__(self, name, type):
+            calls.append(("artifact", name, type))
+
+        def add_dir(self, path):
+            calls.append(("add_dir", path))
+
+    class Run:
+        id = "r1"
+        config = types.SimpleNamespace(update=lambda c, allow_val_change: None)
+        log = finish = lambda *a, **k: None
+
+        def log_artifact(self, artifact):
+            calls.append(("log_artifact",))
+
+    fake = types.ModuleType("wandb")
+    fake.init, fake.Artifact = (lambda **kw: Run()), Artifact
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for when in ("false", "end"):
+        (tracker,) = open_trackers(["wandb"], tmp_path, CONFIG, env={"WANDB_LOG_MODEL": when})
+        tracker.log_model(tmp_path)
+    assert calls == [("artifact", "model-r1", "model"), ("add_dir", str(tmp_path)), ("log_artifact",)]

@@ -37,7 +37,7 @@ def test_grad_accum_longer_than_an_epoch_is_refused():
 
 
 def _step(number: int, last: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(number=number, is_last=last, epoch=0, epochs=1, position=(0, number))
+    return SimpleNamespace(number=number, is_last=last, epoch=0, epochs=1, position=(0, number), epochs_done=number / 10)
 
 
 

@@ -133,10 +133,11 @@ def test_run_has_no_mutable_field(clean_env):
     from corecpu.distributed.allreduce import GradientAllreduce
     from corecpu.training.lifetime import Lifetime
     from corecpu.training.loop_clock import LoopClock
+    from corecpu.training.run_log import RunLog
     from corecpu.training.wrapping import Once
 
     # Facts are immutable all the way down; the rest is one of the owners the module docstring names.
-    owners = (Lifetime, LoopClock, Once, NodePlan, GradientAllreduce)
+    owners = (Lifetime, LoopClock, Once, RunLog, NodePlan, GradientAllreduce)
     with corecpu.setup(precision="fp32", ipex="off") as run:
         run.wrap(torch.nn.Linear(3, 2), None)
         loose = [f.name for f in dataclasses.fields(run)
@@ -181,6 +182,24 @@ def test_steps_write_the_step_to_the_clock_and_nothing_to_the_run(clean_env):
         assert seen == [1, 2, 3] and steps.completed == 3 and steps.model is model
         assert {f.name: getattr(run, f.name) for f in dataclasses.fields(run)} == before
         assert "eval" in run.untimed_seconds
+
+
+def test_a_step_knows_its_fractional_epoch_and_when_an_interval_ends(clean_env):
+    """5 batches an epoch in steps of 2, 2 and 1 (a short last group), 2 epochs: transformers' epoch after each,
+    --eval-steps 2 (every 2nd step and the last) and 0 (each epoch's end)."""
+    data = torch.utils.data.TensorDataset(torch.arange(10).float())
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        loader = run.loader(data, batch_size=2, seed=0)
+        steps = run.steps(loader, epochs=2, grad_accum=2)
+        model, _ = run.wrap(torch.nn.Linear(1, 1), None, loader=loader)
+        seen = []
+        for step in steps:
+            for (x,) in step.micro_batches():
+                step.backward(model(x[:, None]).sum())
+            seen.append((step.epochs_done, step.ends_interval(2), step.ends_interval(0)))
+    assert [s[0] for s in seen] == [0.4, 0.8, 1.0, 1.4, 1.8, 2.0]
+    assert [s[1] for s in seen] == [False, True, False, True, False, True]
+    assert [s[2] for s in seen] == [False, False, True, False, False, True]
 
 
 def test_a_step_counting_items_gives_the_gradient_of_the_mean_over_all_of_them(clean_env):
