@@ -151,8 +151,8 @@ class Reporter:
                                   "learning_rate": lr}
         if grad_norm is not None:  # null when not finite (a step clipping cannot save): metrics.jsonl stays JSON
             record["grad_norm"] = grad_norm if math.isfinite(grad_norm) else None
-        record.update({"samples": int(stats["samples"]), "tokens": int(stats["tokens"]), "samples_per_s": sps, "tokens_per_s": tps,
-                       "elapsed_s": round(now - self.started, 4)})
+        record.update({"samples": int(stats["samples"]), "tokens": int(stats["tokens"]), "samples_per_s": sps,
+                       "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)})
         if "padding" in stats:
             record["padding"] = round(stats["padding"], 4)
         if (utilisation := self._mfu(tps, stats["tokens"], stats["samples"])) is not None:
