@@ -298,11 +298,16 @@ def expect_error(t: Topology, request: PlanRequest, message: str) -> None:
 def test_more_ranks_than_cores(topos):
     expect_error(topos["two_socket"], PlanRequest(nproc=9),
                  "9 ranks need 9 physical cores but this process may use only 8 (CPUs 0-15); "
-                 "use --nproc 8 or fewer or --use-logical-cores")
+                 "use --nproc 8 or fewer or --use-logical-cores, or --oversubscribe to let ranks share them "
+                 "(1 thread each; slow, for testing)")
     expect_error(topos["single_core"], PlanRequest(nproc=2),
-                 "2 ranks need 2 physical cores but this process may use only 1 (CPUs 0); use --nproc 1 or fewer")
+                 "2 ranks need 2 physical cores but this process may use only 1 (CPUs 0); use --nproc 1 or fewer"
+                 ", or --oversubscribe to let ranks share them "
+                 "(1 thread each; slow, for testing)")
     expect_error(topos["two_socket"], PlanRequest(nproc=17, use_logical_cores=True),
-                 "17 ranks need 17 CPUs but this process may use only 16 (0-15); use --nproc 16 or fewer")
+                 "17 ranks need 17 CPUs but this process may use only 16 (0-15); use --nproc 16 or fewer"
+                 ", or --oversubscribe to let ranks share them "
+                 "(1 thread each; slow, for testing)")
 
 
 def test_logical_cores_let_more_ranks_run(topos):
