@@ -42,8 +42,8 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     # Every rank validates its inputs; a bad file on one host stops every rank with its message.
     with run.agreeing():
         trackers = parse_report_to(cfg.report_to)
-        outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights_bytes(cfg.model),
-                                                                              cfg.keep_checkpoints + bool(cfg.keep_best)))
+        kept = cfg.keep_checkpoints + bool(cfg.keep_best)  # --keep-best may keep one more
+        outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights_bytes(cfg.model), kept))
         tokenizer = load_tokenizer(cfg.model)
         check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
         data = task.load()

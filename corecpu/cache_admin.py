@@ -10,8 +10,9 @@ in it is rebuilt on demand, at a cost: KINDS says what each entry is. An entry's
 its newest use: the latest access or change of any file in it (access times where the file system
 records them; on a noatime mount only changes count). Pruning never removes an entry in use: one a
 process on this host has open, mapped or as its working directory (/proc), a built-in model whose
-build lock is held, a shared-memory op that torch is building (its lock file), or a file a live
-process is still writing (corecpu.atomic's temporary names). Each removal renames the entry aside
+build lock is held, a shared-memory op that torch is building (a recent lock file; an old one with
+nothing open is a killed build's, which blocks every later build until the entry goes), or a file a
+live process is still writing (corecpu.atomic's temporary names). Each removal renames the entry aside
 first, so nothing half-deleted keeps the entry's name. Torch-free.
 """
 
@@ -55,6 +56,7 @@ OTHER = Kind("other", "not written by corecpu (pruned only with --kind other)", 
 KIND_NAMES = tuple(k.name for k in KINDS) + (OTHER.name,)
 PRUNING = ".pruning-"  # .NAME.pruning-PID: an entry being deleted (a killed prune leaves it; the next one finishes it)
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+STALE_LOCK_S = 1800.0  # a shared-memory op build takes a minute or two; its lock older than this was left by a kill
 
 
 @dataclass(frozen=True)
@@ -117,12 +119,16 @@ def why_busy(path: Path, opened: Mapping[str, int], host: str) -> str | None:
             return f"being removed by process {pid}"
     if lock_held(path.with_name(f".{path.name}.lock")):
         return "its build lock is held (a build is running)"
-    if path.parent.name == "shm" and any(p.name == "lock" for p in _files(path)):  # torch cpp_extension's FileBaton
-        return "a build is running (torch's lock file is there; remove it if no build is)"
     real = str(path.resolve())
     for name, pid in opened.items():
         if name == real or name.startswith(real + "/"):
-            return f"open in process {pid}"
+            return f"open in process {pid}"  # a build's compiler and ninja run in the build directory
+    if path.parent.name == "shm":
+        # torch's cpp_extension (FileBaton) builds under a lock file that a killed build leaves behind, and every
+        # later build then waits for it forever: a lock older than any build, with nothing open, is such a leftover.
+        locks = [f for f in _files(path) if f.name == "lock"]
+        if any(time.time() - f.lstat().st_mtime < STALE_LOCK_S for f in locks):
+            return "a build is running (torch's lock file is new)"
     return None
 
 

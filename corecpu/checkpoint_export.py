@@ -116,7 +116,8 @@ def export_checkpoint(checkpoint: str | Path, dest: str | Path, *, step: str | N
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CoreCPUError(f"checkpoint {path} does not fit the model rebuilt from --model {cfg.model} ({text}); "
                            "pass --model with the base model the run trained") from None
-    export_final(dest, built, load_tokenizer(cfg.model), {}, card=lambda staging, _: _describe(staging, built, path, meta))
+    export_final(dest, built, load_tokenizer(cfg.model), {},
+                 card=lambda staging, _: _describe(staging, built, path, meta))
     return path, meta
 
 
@@ -137,7 +138,8 @@ def _describe(directory: Path, model: torch.nn.Module, checkpoint: Path, meta: M
         cls = type(model).__name__
         load = f"from transformers import {cls}\n\nmodel = {cls}.from_pretrained(\"PATH/TO/THIS\")"
     rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in scores.items() if isinstance(v, (int, float)))
-    evaluated = f"Evaluation at this step:\n\n| metric | value |\n|---|---|\n{rows}\n" if rows else "No evaluation at this step.\n"
+    evaluated = (f"Evaluation at this step:\n\n| metric | value |\n|---|---|\n{rows}\n" if rows
+                 else "No evaluation at this step.\n")
     (directory / "README.md").write_text(
         f"# Step {meta.get('step')} of a corecpu run\n\nExported by `corecpu export` from `{checkpoint}` (step "
         f"{meta.get('step')}, --task {config.get('task')}, --model {config.get('model')}).\n\n{evaluated}\n"

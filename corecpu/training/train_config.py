@@ -154,7 +154,8 @@ class TrainConfig:
             raise CoreCPUError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
         if self.keep_best:
             if self.eval_data == "none":
-                raise CoreCPUError(f"--keep-best {self.keep_best} needs evaluations; drop --eval-data none or --keep-best")
+                raise CoreCPUError(f"--keep-best {self.keep_best} needs evaluations; drop --eval-data none or "
+                                   "--keep-best")
             check_known(BestMetric.parse(self.keep_best), self.task_options.eval_metrics, self.task)
         self.task_options.validate(self)
         self.run.validate(flags=True)

@@ -111,15 +111,14 @@ def test_entries_in_use_are_kept(root):
     # tokenized file a process has open, and a file a live process is still writing.
     lock = os.open(root / "models" / ".llama-tiny-v1.lock", os.O_RDONLY)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    put(root, "shm/torch-2.13.0-deepspeed/deepspeed_shm_comm/lock", 0)
+    put(root, "shm/torch-2.13.0-deepspeed/deepspeed_shm_comm/lock", 0, age_days=0)
     writing = put(root, f"tokenized/.tokenized-new.pt.tmp-{os.uname().nodename}-{os.getpid()}")
     with open(root / "tokenized" / "tokenized-old.pt", "rb"):
         entries = cache.scan(root)  # the real /proc: this test process has the file open
     try:
         busy = {str(e.path.relative_to(root)): e.busy for e in entries if e.busy}
         assert busy == {"models/llama-tiny-v1": "its build lock is held (a build is running)",
-                        "shm/torch-2.13.0-deepspeed": "a build is running (torch's lock file is there; remove it if no "
-                                                      "build is)",
+                        "shm/torch-2.13.0-deepspeed": "a build is running (torch's lock file is new)",
                         "tokenized/tokenized-old.pt": f"open in process {os.getpid()}",
                         writing.relative_to(root).as_posix(): f"being written by process {os.getpid()}"}
         said: list[str] = []
@@ -130,6 +129,15 @@ def test_entries_in_use_are_kept(root):
         assert sum(line.startswith("kept ") for line in said) == 4
     finally:
         os.close(lock)
+
+
+def test_a_killed_builds_old_lock_does_not_keep_its_op(root):
+    # torch waits forever on a lock its killed builder left: that entry must be prunable, not "in use".
+    put(root, "shm/torch-2.13.0-deepspeed/deepspeed_shm_comm/lock", 0, age_days=1)
+    (shm,) = [e for e in cache.scan(root, opened={}) if e.kind == "shm"]
+    assert shm.busy is None
+    cache.prune([shm], [shm], dry_run=False, say=lambda line: None)
+    assert not (root / "shm" / "torch-2.13.0-deepspeed").exists()
 
 
 def test_a_killed_prune_is_finished_by_the_next(root):

@@ -19,7 +19,8 @@ def fake_run(out: Path, steps: list[int], best: int | None = None) -> Path:
         d = out / "checkpoints" / f"step-{step:08d}"
         d.mkdir(parents=True)
         (d / "state.pt").write_bytes(b"x")
-        extra = {"best": {"metric": "eval_f1", "value": 0.9, "step": best, "checkpoint": f"step-{best:08d}"}} if best else {}
+        extra = {"best": {"metric": "eval_f1", "value": 0.9, "step": best, "checkpoint": f"step-{best:08d}"}
+                 } if best else {}
         (d / "meta.json").write_text(json.dumps({"step": step, "saved_at": 100.0 + i, "extra": extra}))
     return out
 
@@ -49,8 +50,8 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(tmp_path):
     run = fake_run(tmp_path / "run", [4])
     meta = run / "checkpoints" / "step-00000004" / "meta.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "files": {"state.pt": {"bytes": 99}}}))
-    one_line_error(lambda: export_checkpoint(meta.parent, tmp_path / "out"), "state.pt has 1 bytes, meta.json records 99",
-                   "pass another checkpoints/step-* directory")
+    one_line_error(lambda: export_checkpoint(meta.parent, tmp_path / "out"),
+                   "state.pt has 1 bytes, meta.json records 99", "pass another checkpoints/step-* directory")
 
 
 @pytest.mark.parametrize("argv", [
