@@ -42,7 +42,8 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     # Every rank validates its inputs; a bad file on one host stops every rank with its message.
     with run.agreeing():
         trackers = parse_report_to(cfg.report_to)
-        outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights_bytes(cfg.model), cfg.keep_checkpoints))
+        kept = cfg.keep_checkpoints + bool(cfg.keep_best)  # --keep-best may keep one more
+        outputs.check(cfg.output_dir, need_bytes=outputs.estimate_run_bytes(weights_bytes(cfg.model), kept))
         tokenizer = load_tokenizer(cfg.model)
         check_inputs(cfg.model, tokenizer, cfg.max_seq_len)
         data = task.load()
@@ -64,8 +65,11 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     # MiniLM (measured). IPEX, when used, brings its own step and expects the plain optimizer.
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr, fused=not run.uses_ipex)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * steps.total), steps.total)
+    if cfg.keep_best and eval_loader is None:  # --eval-data auto of a file is none: known only now
+        raise corecpu.CoreCPUError(f"--keep-best {cfg.keep_best} needs evaluation data; pass --eval-data FILE")
     ckpt = corecpu.Checkpoints(cfg.output_dir, every=cfg.save_every, keep=cfg.keep_checkpoints, resume=cfg.resume,
-                               config={**cfg.to_dict(), **task.checkpoint_config(data)}, compare=cfg.run_defining())
+                               config={**cfg.to_dict(), **task.checkpoint_config(data)}, compare=cfg.run_defining(),
+                               best=cfg.keep_best)
     # Precision on the loader's shapes, resume, IPEX, compile, DDP: wrap() owns that order.
     model, optimizer = run.wrap(model, optimizer, scheduler, loader=loader, checkpoint=ckpt)
 
@@ -106,6 +110,7 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
             report.evaluating(step.number, len(eval_loader))
             scores = task.evaluate(run, model, eval_loader)
             report.log_eval(step.number, step.epochs_done, scores, task.eval_line(step.number, scores))
+            ckpt.note_eval(step, scores)  # with --keep-best: a new best is saved now and kept
         ckpt.save(step)  # every --save-every steps, and the last one: after the evaluation, so a resume skips it
 
     # -------------------------------------------------------------- finish

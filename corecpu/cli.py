@@ -1,4 +1,5 @@
-"""The `corecpu` command. One `_add_<name>` + `cmd_<name>` pair per subcommand.
+"""The `corecpu` command. One `_add_<name>` + `cmd_<name>` pair per subcommand (`export` and `cache` keep
+theirs in corecpu/export.py and corecpu/cache_admin.py).
 
 Nothing imports this module: it sits on top of the package. Everything it imports is torch-free,
 so every subcommand starts fast; rich is imported only to draw a plan.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
-from corecpu import atomic, envvars
+from corecpu import atomic, cache_admin, envvars, export
 from corecpu.cpu.cgroups import REAL_CGROUP
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import TRACKED_FLAGS
@@ -263,7 +264,8 @@ def cmd_build_ccl(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- wiring
 
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    _add_plan, _add_env, _add_make_data, _add_report, _add_build_ccl, _add_launch, _add_train)
+    _add_plan, _add_env, _add_make_data, _add_report, _add_build_ccl, _add_launch, _add_train,
+    export.add_parser, cache_admin.add_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ class CausalLMOptions(TaskOptions):
 
     summary = "causal language-model fine-tuning (SFT), full or LoRA"
     default_data = SFT_NAME
+    eval_metrics = ("eval_loss", "eval_perplexity", "eval_exact_match")
     default_max_seq_len = 128
     default_model = "llama-tiny"
     # The built-in job learns in steps, not epochs: small batches of packed rows, more passes (2 ranks on 2 cores:

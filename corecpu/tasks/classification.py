@@ -37,6 +37,7 @@ class ClassificationOptions(TaskOptions):
     summary = "sequence classification, e.g. MRPC"
     default_data = "builtin"
     default_max_seq_len = 128
+    eval_metrics = ("eval_loss", "eval_accuracy", "eval_f1")
 
     data_format: str = opt("auto", "format of --data/--eval-data files; auto: from the extension",
                            choices=FORMAT_CHOICES)

@@ -49,6 +49,8 @@ class QAOptions(TaskOptions):
 
     summary = "extractive question answering, SQuAD as run_qa.py trains it"
     default_data = BUILTIN
+    eval_metrics = ("eval_exact_match", "eval_f1", "eval_HasAns_exact_match", "eval_HasAns_f1",
+                    "eval_NoAns_exact_match", "eval_NoAns_f1")
     default_max_seq_len = 384  # windows of 384 tokens with a 128-token stride, as run_qa.py trains SQuAD
 
     version_2_with_negative: bool = opt(False, "SQuAD v2.0: questions without an answer are expected (trained to "

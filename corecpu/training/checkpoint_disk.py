@@ -18,7 +18,7 @@ import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -240,11 +240,13 @@ def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host:
             forget()
 
 
-def prune(output_dir: str | Path, keep: int) -> None:
-    """Keep the newest `keep` usable checkpoints; rename before deleting so no half-deleted step-* remains."""
+def prune(output_dir: str | Path, keep: int, also: Sequence[str] = ()) -> None:
+    """Keep the newest `keep` usable checkpoints and those named in `also` (step-* names: --keep-best's);
+    rename before deleting so no half-deleted step-* remains."""
     candidates = scan(output_dir)
     usable = [c for c in candidates if c.problem is None]
     kept = {c.path for c in usable[-keep:]} if keep > 0 else set()
+    kept |= {c.path for c in usable if c.path.name in also}
     for c in candidates:
         if c.path in kept:
             continue

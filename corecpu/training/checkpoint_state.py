@@ -111,8 +111,10 @@ def save(
     extra: dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
     keep: int = 2,
+    keep_also: Sequence[str] = (),
 ) -> Path | None:
     """Collective: every rank calls it (every rank's RNG state is gathered); rank 0 writes.
+    `keep_also`: step-* names kept beside the newest `keep` (the best evaluation's, --keep-best).
 
     Returns the checkpoint directory on rank 0, None elsewhere. A failure (disk full) raises
     CoreCPUError on every rank, and the previous checkpoints are left as they were.
@@ -126,7 +128,7 @@ def save(
     if rank == 0:
         try:
             error = _save_rank0(output_dir, final, step, model, optimizer, scheduler, epoch, batches_in_epoch,
-                                extra, config, keep, states)
+                                extra, config, keep, states, keep_also)
         except CoreCPUError as exc:
             error = str(exc)
         except Exception as exc:  # a bug or an I/O error we do not know: rank 0 keeps its traceback
@@ -144,7 +146,7 @@ def save(
 def _save_rank0(output_dir: str | Path, final: Path, step: int, model: torch.nn.Module,
                 optimizer: torch.optim.Optimizer | None, scheduler: Any, epoch: int, batches_in_epoch: int,
                 extra: dict[str, Any] | None, config: dict[str, Any] | None, keep: int,
-                states: list[Any]) -> str | None:
+                states: list[Any], keep_also: Sequence[str]) -> str | None:
     host = socket.gethostname()
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
@@ -172,7 +174,7 @@ def _save_rank0(output_dir: str | Path, final: Path, step: int, model: torch.nn.
         if not disk_full(exc):
             raise
         return no_space(root, need, shutil.disk_usage(root).free)
-    prune(output_dir, keep)
+    prune(output_dir, keep, keep_also)
     return None
 
 
@@ -337,17 +339,7 @@ def _load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     meta, problem = read_meta(path)
     if meta is None:
         raise CoreCPUError(f"cannot resume from {path}: {problem}")
-    try:
-        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
-            # torch's own advice here is to load with weights_only=False, i.e. to run the file's code: never.
-            raise CoreCPUError(f"checkpoint {path / STATE} holds Python objects besides tensors (a pickle that could "
-                               "run code when loaded), so corecpu does not load it; resume from another checkpoint "
-                               "or start fresh") from None
-        # A file rank 0 verified but this rank cannot read: another filesystem view.
-        raise CoreCPUError(f"cannot read {path / STATE} on rank {rank} ({_first_line(exc)}); every rank needs "
-                           "the same output directory") from None
+    state = _read_state(path, f" on rank {rank}", "every rank needs the same output directory")
     try:
         unwrap(model).load_state_dict(state["model"])
         if optimizer is not None and "optimizer" in state:
@@ -373,6 +365,31 @@ def _load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         k: v for k, v in meta.items() if k not in ("step", "epoch", "batches_in_epoch", "world_size", "saved_at", "config")}
     loop = LoopState(meta["step"], meta.get("epoch", 0), meta.get("batches_in_epoch", 0), extra, path, notes)
     return loop, meta.get("config") or {}
+
+
+def _read_state(path: Path, where: str, fix: str) -> dict[str, Any]:
+    """state.pt, tensors only (weights_only): a pickle that would run code is refused, never loaded."""
+    try:
+        return torch.load(path / STATE, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        if isinstance(exc, pickle.UnpicklingError) or "weights_only" in str(exc):
+            # torch's own advice here is to load with weights_only=False, i.e. to run the file's code: never.
+            raise CoreCPUError(f"checkpoint {path / STATE} holds Python objects besides tensors (a pickle that could "
+                               "run code when loaded), so corecpu does not load it; resume from another checkpoint "
+                               "or start fresh") from None
+        # A file rank 0 verified but this rank cannot read: another filesystem view.
+        raise CoreCPUError(f"cannot read {path / STATE}{where} ({_first_line(exc)}); {fix}") from None
+
+
+def read_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(meta.json, state.pt) of one checkpoint directory, verified against its recorded sizes and digests.
+    No process group and no model: what `corecpu export` reads. One CoreCPUError line for a bad one."""
+    path = Path(path)
+    meta, problem = read_meta(path) if path.is_dir() else (None, "not a directory")
+    problem = problem or verify(path, meta)  # type: ignore[arg-type]  (meta is set when problem is None)
+    if problem:
+        raise CoreCPUError(f"cannot read checkpoint {path}: {problem}; pass another checkpoints/step-* directory")
+    return meta, _read_state(path, "", "check the file system it is on")  # type: ignore[return-value]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -4,12 +4,16 @@
     model, opt = run.wrap(model, opt, loader=loader, checkpoint=ckpt)   # resumes here, before IPEX/DDP
     for step in run.steps(loader, epochs=3):
         ...
+        ckpt.note_eval(step, scores)                                 # with best="eval_f1": a new best is saved
         ckpt.save(step)                                              # every 100 steps and the last one
 
 It knows nothing of the run: wrap() hands it what it needs (the plain model to restore into, the
 resolved choices to compare, whether this rank writes, how to pause the watchdog), and a save takes
 only the step.
-The files are corecpu.training.checkpoint_state's: verified, atomic, the newest `keep` kept.
+The files are corecpu.training.checkpoint_state's: verified, atomic, the newest `keep` kept, and with
+`best` (--keep-best) the checkpoint of the best evaluation too: a step whose evaluation is a new best is
+saved even when no save is due, and its name travels in every later checkpoint's meta.json ("extra":
+{"best": ...}) so that a resumed run keeps protecting it.
 A fresh start (nothing to resume) moves an earlier run's outputs in the directory aside.
 """
 
@@ -25,7 +29,8 @@ import torch
 from corecpu import atomic
 from corecpu.errors import CoreCPUError
 from corecpu.training import checkpoint_state, outputs
-from corecpu.training.checkpoint_state import LoopState
+from corecpu.training.best_metric import BestMetric
+from corecpu.training.checkpoint_state import PREFIX, LoopState
 
 STOPPED = "stopped.json"  # written when a stop signal ended the run with a checkpoint; removed by the next start
 
@@ -46,8 +51,11 @@ def _not_paused(phase: str, kind: str = "other") -> ContextManager[None]:
 
 class Checkpoints:
     def __init__(self, output_dir: str | Path, *, every: int = 0, keep: int = 2, resume: str = "auto",
-                 config: dict[str, Any] | None = None, compare: Sequence[str] = checkpoint_state.RUN_DEFINING) -> None:
+                 config: dict[str, Any] | None = None, compare: Sequence[str] = checkpoint_state.RUN_DEFINING,
+                 best: str = "") -> None:
         """`every`: save every N optimizer steps (0: only the last step, and on a stop signal).
+        `best`: an eval metric (corecpu.training.best_metric: "eval_f1", "eval_loss", "acc:max"); the checkpoint of
+        the best evaluation handed to note_eval() is saved and kept beside the newest `keep`.
         `resume`: "auto" (the newest checkpoint that verifies, if any), "" (start fresh) or a step-* directory.
         `config`: JSON-serialisable settings stored with each checkpoint; run-defining ones (corecpu.training.
         checkpoint_state.RUN_DEFINING, or the names in `compare`) and `label_names` are compared on resume."""
@@ -62,6 +70,9 @@ class Checkpoints:
         self._restored = False
         self._state: tuple[torch.nn.Module, Any, Any] | None = None
         self._saved: tuple[int, Path | None] | None = None
+        self.best_metric = BestMetric.parse(best) if best else None
+        self.best: dict[str, Any] | None = None  # {"metric", "value", "step", "checkpoint"}: saved, so kept
+        self._evaluated: tuple[int, dict[str, float]] | None = None  # the last note_eval(): (step, scores)
 
     # ------------------------------------------------------------ called by run.wrap()
     def restore(self, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, resolved: dict[str, Any],
@@ -74,6 +85,9 @@ class Checkpoints:
         self.resumed = checkpoint_state.resume(self.output_dir, self.resume_from, model=model, optimizer=optimizer,
                                          scheduler=scheduler, config=self.config, compare=self.compare)
         self.notes = list(self.resumed.notes) if self.resumed else []
+        was = (self.resumed.extra.get("best") if self.resumed else None) or {}
+        if self.best_metric and was.get("metric") == self.best_metric.name:
+            self.best = was  # another metric's best (--keep-best changed) is no longer protected
         if is_main and (moved := outputs.set_aside_earlier_run(self.output_dir, resuming=self.resumed is not None)):
             self.notes.append(moved)
         if is_main:
@@ -93,7 +107,23 @@ class Checkpoints:
 
     # ------------------------------------------------------------ called by the loop
     def due(self, step: StepDone) -> bool:
-        return step.is_last or (self.every > 0 and step.number % self.every == 0)
+        return step.is_last or (self.every > 0 and step.number % self.every == 0) or self._new_best(step.number)
+
+    def note_eval(self, step: StepDone | int, scores: dict[str, float]) -> None:
+        """The evaluation after optimizer step `step` (the same scores on every rank); call it before save(step).
+        With `best`, a new best makes that step's save due."""
+        number = step if isinstance(step, int) else step.number
+        if self.best_metric and self.best_metric.name not in scores:
+            have = ", ".join(k for k in scores if k.startswith("eval_") and k != "eval_examples")
+            raise CoreCPUError(f"--keep-best {self.best_metric.name}: the evaluation reports no such metric; use one "
+                               f"of {have}")
+        self._evaluated = (number, dict(scores))
+
+    def _new_best(self, number: int) -> bool:
+        if not self.best_metric or self._evaluated is None or self._evaluated[0] != number:
+            return False
+        return self.best_metric.better(float(self._evaluated[1][self.best_metric.name]),
+                                       self.best["value"] if self.best else None)
 
     def save(self, step: StepDone, *, force: bool = False) -> Path | None:
         """Collective: every rank calls it after `step`'s optimizer step. Writes when due (or `force`),
@@ -110,9 +140,17 @@ class Checkpoints:
             raise CoreCPUError(f"the model's weights are not finite at step {step.number} (training diverged); "
                                f"not saved{kept}; lower the learning rate or check the data")
         epoch, batches = step.position
+        best = self.best
+        if self._new_best(step.number):
+            assert self.best_metric is not None and self._evaluated is not None
+            best = {"metric": self.best_metric.name, "value": float(self._evaluated[1][self.best_metric.name]),
+                    "step": step.number, "checkpoint": f"{PREFIX}{step.number:08d}"}
+        extra = {"best": best} if best else {}
+        if self._evaluated and self._evaluated[0] == step.number:
+            extra["eval"] = self._evaluated[1]  # what this checkpoint scored: `corecpu export --step best` reads it
         with self._untimed(f"the checkpoint write of step {step.number}", "checkpoint"):
             path = checkpoint_state.save(self.output_dir, step=step.number, model=model, optimizer=optimizer,
-                                   scheduler=scheduler, epoch=epoch, batches_in_epoch=batches,
-                                   config=self.config, keep=self.keep)
-        self._saved = (step.number, path)
+                                   scheduler=scheduler, epoch=epoch, batches_in_epoch=batches, extra=extra,
+                                   config=self.config, keep=self.keep, keep_also=[best["checkpoint"]] if best else [])
+        self._saved, self.best = (step.number, path), best
         return path

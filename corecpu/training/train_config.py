@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from corecpu.errors import CoreCPUError
+from corecpu.training.best_metric import BestMetric, check_known
 from corecpu.training.flags_file import read_config_file
 from corecpu.training.run_options import RunOptions, opt
 
@@ -47,6 +48,7 @@ class TaskOptions:
     default_lr: ClassVar[float] = 1e-4  # --lr when 0
     default_batch_size: ClassVar[int] = 16  # --batch-size when 0
     default_epochs: ClassVar[int] = 3  # --epochs when 0
+    eval_metrics: ClassVar[tuple[str, ...]] = ()  # what evaluate() may report, for --keep-best; () = not declared
 
     def lr_for(self, cfg: TrainConfig) -> float:
         """--lr when it is 0: the task's default for the model (and adapter) in `cfg`."""
@@ -105,6 +107,10 @@ class TrainConfig:
     eval_steps: int = opt(0, "evaluate every N optimizer steps (0: at the end of each epoch); always at the last step")
     save_every: int = opt(0, "write a checkpoint every N optimizer steps (0: only at the end)")
     keep_checkpoints: int = opt(2, "keep the newest K checkpoints")
+    keep_best: str = opt("", "also save the checkpoint of the best evaluation by this metric (as in metrics.jsonl: "
+                          "eval_loss, eval_accuracy, eval_f1, ...; lowest wins for losses and perplexity, highest "
+                          "otherwise, or say :min / :max) and keep it beside the newest --keep-checkpoints",
+                          metavar="METRIC")
     resume: str = opt("", "'auto': continue from the newest complete checkpoint in --output-dir; or a checkpoint dir",
                        metavar="auto|DIR")
     resume_approximate: bool = opt(False, "resume even when ranks x --batch-size x --grad-accum differ from the "
@@ -148,6 +154,11 @@ class TrainConfig:
             raise CoreCPUError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.warmup_ratio < 1:
             raise CoreCPUError(f"--warmup-ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.keep_best:
+            if self.eval_data == "none":
+                raise CoreCPUError(f"--keep-best {self.keep_best} needs evaluations; drop --eval-data none or "
+                                   "--keep-best")
+            check_known(BestMetric.parse(self.keep_best), self.task_options.eval_metrics, self.task)
         self.task_options.validate(self)
         self.run.validate(flags=True)
         return self

@@ -112,3 +112,9 @@ def test_data_format_and_no_header_reach_the_loader(tmp_path):
     # With both flags the file parses; only the missing column choice is left to report.
     _, line = run_train(tmp_path, "--data", data, "--data-format", "tsv", "--no-header")
     assert "has no header" in line and "--text-column" in line
+
+
+def test_keep_best_without_evaluations(tmp_path):
+    data = write(tmp_path, "train.tsv", "sentence\tlabel\ngreat\tpos\nawful\tneg\n")  # a file: --eval-data auto is none
+    _, line = run_train(tmp_path, "--data", data, "--keep-best", "f1")
+    assert line == "corecpu: error: --keep-best f1 needs evaluation data; pass --eval-data FILE"
