@@ -112,7 +112,7 @@ def read_result(variant: str, out: Path, stdout: str) -> dict[str, Any]:
         r = json.loads((out / "trl.json").read_text())
         return {"tokens_per_s": r["tokens"] / r["train_seconds"], "eval_loss": r["eval_loss"],
                 "peak_rss_mb_node": sum(r["peak_rss_mb"]), "losses": r["losses"], "tokens": r["tokens"],
-                "train_seconds": r["train_seconds"]}
+                "train_seconds": r["train_seconds"], "phases": {"train_s": r["train_seconds"], "eval_s": r["eval_seconds"]}}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_loss" in r]
@@ -121,7 +121,7 @@ def read_result(variant: str, out: Path, stdout: str) -> dict[str, Any]:
     precision = re.search(r"^precision (\w+)", stdout, re.M)
     return {"tokens_per_s": tokens / summary["phases"]["steps_s"], "eval_loss": evals[-1]["eval_loss"],
             "peak_rss_mb_node": sum(r["peak_rss_mb"] for r in summary["ranks"]), "losses": [r["loss"] for r in steps],
-            "tokens": tokens, "train_seconds": summary["phases"]["steps_s"],
+            "tokens": tokens, "train_seconds": summary["phases"]["steps_s"], "phases": summary["phases"],
             "precision": precision.group(1) if precision else None}
 
 

@@ -33,6 +33,7 @@ import math
 import os
 import resource
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +187,15 @@ def main() -> None:
         every = [torch.zeros_like(rss) for _ in range(world)]
         dist.all_gather(every, rss) if world > 1 else every.__setitem__(0, rss)
         if trainer.is_world_process_zero():
+            started = time.perf_counter()
             held = (eval_loss(trainer.model, trainer.eval_dataset, tokenizer.pad_token_id)
                     if trainer.eval_dataset is not None else (math.nan, 0))
+            eval_seconds = time.perf_counter() - started
             args.out_json.parent.mkdir(parents=True, exist_ok=True)
             args.out_json.write_text(json.dumps({
                 "form": args.form, "lora_r": args.lora_r, "world": world, "losses": losses,
                 "train_seconds": result.metrics["train_runtime"], "tokens": tokens,
-                "eval_loss": held[0], "eval_tokens": held[1], "peak_rss_mb": [float(x) for x in every],
+                "eval_loss": held[0], "eval_tokens": held[1], "eval_seconds": eval_seconds, "peak_rss_mb": [float(x) for x in every],
                 "bf16": trainer.args.bf16, "gradient_checkpointing": trainer.args.gradient_checkpointing,
                 "packing": trainer.args.packing}))
         if world > 1:
