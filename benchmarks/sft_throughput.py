@@ -61,6 +61,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--defaults-repeats", type=int, default=0, help="repeats of trl_defaults (0: --repeats); it is "
                    "the slowest by far")
+    p.add_argument("--no-warm-up", action="store_true", help="skip the untimed 1-step first runs (caches warm)")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
 
@@ -177,7 +178,7 @@ def main() -> None:
         # Untimed first runs (1 step): corecpu's caches (the precision and all-reduce measurements, the built-in
         # model) and the page cache (both tools' imports) are what a user's second run finds.
         cold = {}
-        for mode in modes:
+        for mode in modes if not a.no_warm_up else ():
             for variant in (v for v in variants if v != "trl_defaults"):  # its imports are trl_tuned's
                 one = argparse.Namespace(**{**vars(a), "steps": 1})
                 cold[f"{variant}-{mode}"] = run_one(variant, mode, one, work, ctx)["wall_s"]
