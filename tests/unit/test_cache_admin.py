@@ -111,7 +111,8 @@ def test_entries_in_use_are_kept(root):
     # tokenized file a process has open, and a file a live process is still writing.
     lock = os.open(root / "models" / ".llama-tiny-v1.lock", os.O_RDONLY)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    put(root, "shm/torch-2.13.0-deepspeed/deepspeed_shm_comm/lock", 0, age_days=0)
+    # Touched now, not at NOW: the stale-lock rule reads the clock, and a suite may import this an hour earlier.
+    os.utime(put(root, "shm/torch-2.13.0-deepspeed/deepspeed_shm_comm/lock", 0))
     writing = put(root, f"tokenized/.tokenized-new.pt.tmp-{os.uname().nodename}-{os.getpid()}")
     with open(root / "tokenized" / "tokenized-old.pt", "rb"):
         entries = cache.scan(root)  # the real /proc: this test process has the file open
