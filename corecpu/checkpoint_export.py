@@ -28,7 +28,7 @@ from corecpu.errors import CoreCPUError
 from corecpu.reporting.reporter import export_final
 from corecpu.tasks.registry import make_task, sections
 from corecpu.training.checkpoint_disk import PREFIX, checkpoint_root, list_checkpoints, read_meta
-from corecpu.training.checkpoint_state import read_checkpoint
+from corecpu.training.checkpoint_state import load_model_state, read_checkpoint
 from corecpu.training.modeling import load_tokenizer
 from corecpu.training.run_options import RunOptions
 from corecpu.training.train_config import TrainConfig
@@ -111,7 +111,7 @@ def export_checkpoint(checkpoint: str | Path, dest: str | Path, *, step: str | N
     cfg = config_from_saved(saved, model)
     built = rebuild_model(cfg, saved)
     try:
-        built.load_state_dict(state["model"])
+        load_model_state(built, state["model"], meta.get("frozen"), path)  # a LoRA checkpoint omits the base
     except (RuntimeError, KeyError) as exc:
         text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CoreCPUError(f"checkpoint {path} does not fit the model rebuilt from --model {cfg.model} ({text}); "

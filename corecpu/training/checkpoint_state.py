@@ -16,6 +16,7 @@ restore each one.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import random
 import shutil
@@ -151,7 +152,8 @@ def _save_rank0(output_dir: str | Path, final: Path, step: int, model: torch.nn.
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     clean_stale(output_dir, host=host)
-    state = {"model": unwrap(model).state_dict(), "rng": states}
+    weights, frozen = model_state(model)
+    state = {"model": weights, "rng": states}
     if optimizer is not None:
         state["optimizer"] = optimizer.state_dict()
     if scheduler is not None:
@@ -159,6 +161,8 @@ def _save_rank0(output_dir: str | Path, final: Path, step: int, model: torch.nn.
     meta = {"format": FORMAT, "step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
             "world_size": len(states), "saved_at": time.time(), "host": host, "config": config or {},
             "extra": extra or {}}
+    if frozen:
+        meta["frozen"] = frozen
     try:
         json.dumps(meta)
     except TypeError as exc:
@@ -176,6 +180,50 @@ def _save_rank0(output_dir: str | Path, final: Path, step: int, model: torch.nn.
         return no_space(root, need, shutil.disk_usage(root).free)
     prune(output_dir, keep, keep_also)
     return None
+
+
+def model_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """What a checkpoint keeps of the model: its state without the frozen parameters (a LoRA run's base, which
+    the run reloads from --model: saving it at every checkpoint would write the whole base for a few MB of
+    adapters), and, when some are left out, how to know them again (their count and checksum, for meta.json)."""
+    module = unwrap(model)
+    frozen = _frozen_names(module)
+    weights = module.state_dict()
+    if not frozen:
+        return weights, None
+    return ({k: v for k, v in weights.items() if k not in frozen},
+            {"omitted": len(frozen), "checksum": _frozen_checksum(module)})
+
+
+def load_model_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], frozen: dict[str, Any] | None,
+                     path: Path) -> None:
+    """Load what model_state() kept. Frozen parameters left out must be exactly this model's frozen ones and
+    hold the weights the checkpoint trained on (one line otherwise: a changed base model is not this run)."""
+    module = unwrap(model)
+    if not frozen:
+        module.load_state_dict(weights)
+        return
+    result = module.load_state_dict(weights, strict=False)
+    if result.unexpected_keys or set(result.missing_keys) != _frozen_names(module):
+        missing = sorted(set(result.missing_keys) - _frozen_names(module)) or result.unexpected_keys
+        raise CoreCPUError(f"checkpoint {path} does not fit this model ({len(missing)} tensors do not match, e.g. "
+                           f"{missing[0]}); resume with the same model and LoRA settings, or start fresh in another "
+                           "output directory")
+    # Not bit-equality: a float64 sum's last bits depend on the thread count that reduced it.
+    if not math.isclose(_frozen_checksum(module), frozen["checksum"], rel_tol=1e-9, abs_tol=1e-6):
+        raise CoreCPUError(f"checkpoint {path} trained adapters on other frozen base weights than --model's now "
+                           "(their checksums differ): the base model changed; resume with the model it was "
+                           "trained on, or start fresh in another output directory")
+
+
+def _frozen_names(module: torch.nn.Module) -> set[str]:
+    # Every name a frozen tensor has in state_dict(): tied weights appear under each of their names.
+    return {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def _frozen_checksum(module: torch.nn.Module) -> float:
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in module.parameters() if not p.requires_grad))
 
 
 def _broadcast(obj: Any) -> Any:
@@ -341,7 +389,7 @@ def _load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer |
         raise CoreCPUError(f"cannot resume from {path}: {problem}")
     state = _read_state(path, f" on rank {rank}", "every rank needs the same output directory")
     try:
-        unwrap(model).load_state_dict(state["model"])
+        load_model_state(model, state["model"], meta.get("frozen"), path)
         if optimizer is not None and "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:

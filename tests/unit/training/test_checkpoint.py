@@ -349,3 +349,39 @@ def test_a_pickle_payload_is_refused_without_suggesting_weights_only_false(tmp_p
     assert "holds Python objects besides tensors" in message and "does not load it" in message
     assert "weights_only=False" not in message and "same output directory" not in message
     assert "this ran while loading" not in capsys.readouterr().out
+
+
+def _half_frozen(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A base (frozen, tied in two places, as a LoRA run's) with a trained head."""
+    torch.manual_seed(0)  # the same base whatever the seed
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    model.tied = model[0]  # the same module under a second name: its tensors appear twice in state_dict()
+    for p in (*model[0].parameters(), *model[1].parameters()):
+        p.requires_grad_(False)
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(model[2].weight)
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.1)
+
+
+def test_frozen_weights_are_left_out_and_checked_on_resume(tmp_path):
+    model, opt = _half_frozen()
+    path = save(tmp_path, 1, model, opt)
+    state = torch.load(path / "state.pt", weights_only=True)
+    assert set(state["model"]) == {"2.weight", "2.bias"}  # no base, under either of its names
+    assert json.loads((path / "meta.json").read_text())["frozen"]["omitted"] == 6
+
+    fresh, fresh_opt = _half_frozen(seed=1)
+    ckpt.resume(tmp_path, "auto", model=fresh, optimizer=fresh_opt)
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert torch.equal(a, b)
+
+    other, other_opt = _half_frozen()
+    with torch.no_grad():
+        other[0].weight.add_(1.0)  # another base model
+    with pytest.raises(CoreCPUError) as err:
+        ckpt.resume(tmp_path, path, model=other, optimizer=other_opt)
+    assert "base model changed" in str(err.value) and "\n" not in str(err.value)
+    unfrozen, unfrozen_opt = _half_frozen()
+    unfrozen[1].weight.requires_grad_(True)  # other LoRA settings: a tensor the checkpoint does not hold
+    with pytest.raises(CoreCPUError, match="does not fit this model"):
+        ckpt.resume(tmp_path, path, model=unfrozen, optimizer=unfrozen_opt)
