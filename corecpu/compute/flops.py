@@ -74,7 +74,10 @@ def time_matmul(precision: str, size: int = MATMUL_SIZE, repeats: int = REPEATS,
                 clock: Callable[[], float] = time.perf_counter) -> float:
     """FLOP/s of a size^3 matmul in `precision` on this process's threads (the median of `repeats`)."""
     dtype = _DTYPES[precision]
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    # A generator of its own: the default one is the training run's (dropout), and this measurement runs only
+    # when the cache misses, so drawing from it made a first run's losses differ from every later run's.
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, dtype=dtype, generator=g), torch.randn(size, size, dtype=dtype, generator=g)
     torch.mm(a, b)  # warm-up: kernel choice, page faults
     seconds = []
     for _ in range(repeats):

@@ -52,6 +52,16 @@ def test_the_rate_is_measured_once_per_key_then_cached(tmp_path):
     assert flops.rank_matmul_rate("bf16", other, tmp_path, measure) == (5e10, False)
 
 
+def test_measuring_the_rate_leaves_the_training_runs_random_stream_alone():
+    # Issue 26: the measurement runs only on a cache miss, so drawing its inputs from the default generator
+    # shifted a first run's dropout masks (a LoRA run's losses differed from step 3 on from a resumed run's).
+    torch.manual_seed(7)
+    expected = torch.rand(4)
+    torch.manual_seed(7)
+    flops.time_matmul("fp32", size=16, repeats=1)
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_mfu_is_achieved_over_measured_and_shown_in_the_step_line():
     count = flops.FlopCount(params=1_000_000, layers=0, width=0)
     assert flops.mfu(1000.0, count, 50.0, 6e9 * 10) == pytest.approx(0.1)  # 6e9 achieved of 6e10
