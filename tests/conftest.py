@@ -4,7 +4,8 @@ Tiers are folders, and a test's folder gives its marker (pytest_collection_modif
 markers are registered in pyproject.toml): tests/unit/ -> unit, tests/multiprocess/ -> multiprocess,
 tests/e2e/ -> e2e, tests/chaos/ -> chaos and e2e (real jobs end to end, so `-m "not e2e"` leaves
 unit and multiprocess, as test.sh says), tests/ipex/ -> e2e (train.py runs, from the IPEX env only),
-tests/ccl/ -> ccl and e2e (runs on the oneCCL backend; skipped where `corecpu build-ccl` has not run).
+tests/ccl/ -> ccl and e2e (runs on the oneCCL backend; skipped where `corecpu build-ccl` has not run),
+tests/ray/ -> e2e (Ray Train workers; skipped where the `ray` extra is not installed).
 A test outside those folders, or a tier marker written by hand, stops the run with a usage error.
 
 Imports: pytest imports test files with --import-mode=importlib, and pyproject.toml's `pythonpath`
@@ -31,7 +32,7 @@ from helpers.leaks import corecpu_threads, lingering_threads  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 TIER_MARKERS = {"unit": ("unit",), "multiprocess": ("multiprocess",), "e2e": ("e2e",), "chaos": ("chaos", "e2e"),
-                "ipex": ("e2e",), "ccl": ("ccl", "e2e")}
+                "ipex": ("e2e",), "ccl": ("ccl", "e2e"), "ray": ("e2e",)}
 MARKERS = {"unit", "multiprocess", "e2e", "chaos", "ccl"}
 
 # Set once by libraries at import (tokenizers, torch, the oneCCL bindings' FI_PROVIDER_PATH); not a test's doing.

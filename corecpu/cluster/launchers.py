@@ -1,9 +1,11 @@
 """Which launcher started this process, and what rank it is.
 
 One small class per launcher, each with `detect()` and `read()`, tried in a fixed
-order: the launcher that sets the most specific variables wins. torchrun comes first
-(after a Kubeflow pod without torchrun, which has RANK but no LOCAL_RANK) because it may
-run *under* Slurm or mpirun and then its RANK is the one that counts. Nothing here touches torch.
+order: the launcher that sets the most specific variables wins. A Ray Train worker comes
+first: Ray writes torchrun's variables into it (RANK, LOCAL_RANK, ...), so only its own
+markers tell it apart. torchrun comes next (after a Kubeflow pod without torchrun, which
+has RANK but no LOCAL_RANK) because it may run *under* Slurm or mpirun and then its RANK
+is the one that counts. Nothing here touches torch, or imports ray.
 
 Schedulers also say where rank 0 runs: Slurm's node list (SLURM_STEP_NODELIST /
 SLURM_JOB_NODELIST, expanded by python-hostlist exactly as `scontrol show hostnames`
@@ -13,6 +15,7 @@ alike; dist.master_address() uses them when MASTER_ADDR/MASTER_PORT are unset.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
@@ -122,6 +125,42 @@ class TorchElastic(Launcher):
     name = "torchrun"
     rank_var, size_var = "RANK", "WORLD_SIZE"
     local_rank_var, local_size_var = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+
+
+class RayTrain(Launcher):
+    """A Ray Train worker (TorchTrainer). Ray's torch backend exports torchrun's variables in every
+    worker (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_*) and has already made
+    the default process group (gloo on CPU) before the train function runs; setup() uses that group.
+    RAY_RAYLET_PID marks any process a Ray node started; a torchrun started inside a Ray task sets
+    TORCHELASTIC_RUN_ID in its children, which are then torchrun's ranks, not Ray's.
+    """
+
+    name = "ray"
+    rank_var, size_var = "RANK", "WORLD_SIZE"
+    local_rank_var, local_size_var = "LOCAL_RANK", "LOCAL_WORLD_SIZE"
+
+    @classmethod
+    def detect(cls, env: Mapping[str, str]) -> bool:
+        return "RAY_RAYLET_PID" in env and super().detect(env) and "TORCHELASTIC_RUN_ID" not in env
+
+    @classmethod
+    def read(cls, env: Mapping[str, str]) -> LaunchInfo:
+        # Ray's own record wins over its copy in the environment, which anything in the worker may have edited.
+        ranks = ray_train_ranks()
+        return LaunchInfo(cls.name, *ranks) if ranks else super().read(env)
+
+
+def ray_train_ranks() -> tuple[int, int, int, int] | None:
+    """(rank, world size, local rank, local world size) from ray.train's context, in a Ray Train worker; else None.
+    Only where ray.train is already loaded (it is in every Ray Train worker): corecpu never imports ray itself."""
+    train = sys.modules.get("ray.train")
+    if train is None:
+        return None
+    try:
+        ctx = train.get_context()
+        return (ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank(), ctx.get_local_world_size())
+    except Exception:  # noqa: BLE001 - not inside a train function (a Ray task, the driver): no context
+        return None
 
 
 class OpenMPI(Launcher):
@@ -282,7 +321,8 @@ class Single(Launcher):
         return LaunchInfo(cls.name, 0, 1, 0, 1)
 
 
-LAUNCHERS: tuple[type[Launcher], ...] = (KubeflowPyTorchJob, KubeflowTrainJob, TorchElastic, OpenMPI, MVAPICH, IntelMPI, Slurm)
+LAUNCHERS: tuple[type[Launcher], ...] = (RayTrain, KubeflowPyTorchJob, KubeflowTrainJob, TorchElastic, OpenMPI, MVAPICH,
+                                         IntelMPI, Slurm)
 _BY_NAME = {cls.name: cls for cls in (*LAUNCHERS, Single)}
 
 

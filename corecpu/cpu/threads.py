@@ -2,10 +2,12 @@
 
 launch.sh binds each rank through `python -m corecpu.bind` before Python even
 imports torch. Other launchers differ: torchrun binds nothing and sets
-OMP_NUM_THREADS=1; ipexrun and Intel MPI pin each rank to its own CPUs. The
+OMP_NUM_THREADS=1, Ray sets it to the worker's CPU resource (1 by default) and binds
+nothing either; ipexrun and Intel MPI pin each rank to its own CPUs. The
 rule here: respect a binding someone else made, and where nobody bound this
 rank, plan this node's cores (the same plan `bind` makes) and bind in-process,
-so that ranks never all run on every core.
+so that ranks never all run on every core. A launcher's OMP_NUM_THREADS is
+replaced by the plan's count; a person chooses threads with --threads (threads=).
 
 The user need not import corecpu before torch: the CPUs a rank was given are
 known from CORECPU_BOUND_CPUS (bind), or from the affinity at `import corecpu`,
@@ -161,13 +163,26 @@ def configure_threads(info: LaunchInfo, requested: int, affinity: frozenset[int]
     budget = thread_budget(env, info, quota_threads(read_cpu_quota()))
     decision = decide_threads(requested, env, affinity, unbound, info, planned, budget, planned_threads)
     if decision.bind_to:
-        os.sched_setaffinity(0, decision.bind_to)
+        bind_process(decision.bind_to)
     env["OMP_NUM_THREADS"] = str(decision.threads)
     env[DECISION_VAR] = decision.reason
     import torch  # here, not at the top: corecpu.cpu stays importable before torch (corecpu.bind)
 
     torch.set_num_threads(decision.threads)
     return decision
+
+
+def bind_process(cpus: frozenset[int]) -> None:
+    """Pin every thread of this process to `cpus` (threads started later inherit the caller's mask). A rank bound
+    in-process may already run its launcher's threads: a Ray Train worker has some thirty (gRPC, Ray's core
+    worker, gloo's for Ray's process group). Left on every CPU they would run on the other ranks' cores, and
+    process_cpus() (the union over threads) would record this rank as running everywhere."""
+    os.sched_setaffinity(0, cpus)
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (OSError, ValueError):
+            continue  # the thread exited while we looked
 
 
 def binding_of(decision: ThreadDecision, env: Mapping[str, str],

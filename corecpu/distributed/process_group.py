@@ -15,6 +15,10 @@ in a thread that is abandoned at the deadline (a TCPStore client talking to some
 other program's listener waits forever). c10d's C++ logging is silenced for the
 duration. Rank 0 opens the listening socket itself, so when every rank is on
 this host the store listens on MASTER_ADDR (loopback) only.
+
+A default process group that exists before setup() (Ray Train's TorchTrainer makes one in every
+worker) is used as it is, never made twice, and left to whoever made it: teardown() destroys only
+the group corecpu created.
 """
 
 from __future__ import annotations
@@ -352,6 +356,8 @@ def init_distributed(
     if startup_timeout_s <= 0:
         raise CoreCPUError(f"dist_timeout must be positive, got {startup_timeout_s:g} seconds")
     info = detect_launcher(env) if info is None else info
+    if info.distributed and dist.is_available() and dist.is_initialized():
+        return adopt_existing(backend, info, env)  # before any choice: the group's backend is the one in force
     ccl_settings = ""
     if info.distributed and backend in ("auto", "ccl") and allreduce != "gloo" and ccl_installed():
         # Before choose_backend imports the bindings: oneCCL may read its variables as its library loads.
@@ -392,13 +398,43 @@ def init_distributed(
     if agent_store and all_local and info.rank == 0 and (problem := open_agent_store(port)):
         log.warning(problem)
     store, chosen, reason = _connect(info, pg, ip, startup_timeout_s, all_local, agent_store, decide)
+    global _made
+    _made = dist.group.WORLD
     job_records.note(env, info.rank, "up")  # `corecpu launch`: start-up is over (a stop signal can now save)
     return replace(pg, backend=chosen, backend_reason=reason, store=store, ccl_skipped=bool(skipped))
 
 
+def adopt_existing(requested: str, info: LaunchInfo, env: Mapping[str, str]) -> ProcessGroup:
+    """The default process group made before setup() (by Ray Train in its workers), checked against the launcher's
+    ranks and the backend asked for. Its store carries the watchdog's heartbeats, as corecpu's own would."""
+    have, rank, size = dist.get_backend(), dist.get_rank(), dist.get_world_size()
+    if (rank, size) != (info.rank, info.world_size):
+        raise CoreCPUError(f"a process group of rank {rank} of {size} already exists but {info.launcher} says rank "
+                           f"{info.rank} of {info.world_size}; destroy it before setup(), or let one launcher start the ranks")
+    if requested not in ("auto", have):
+        raise CoreCPUError(f"backend {requested} was asked for, but a {have} process group was made before setup() "
+                           f"(under {info.launcher}) and corecpu uses it; ask for backend auto or {have}")
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store  # private (torch 2.x); used for heartbeats only
+        store = _get_default_store()
+    except (ImportError, RuntimeError, ValueError):
+        store = None  # the watchdog is then off; the collectives still time out
+    port = env.get("MASTER_PORT", "")
+    job_records.note(env, info.rank, "up")
+    return ProcessGroup(have, f"made by {info.launcher} before setup(); used as it is, left open at close",
+                        env.get("MASTER_ADDR", ""), int(port) if port.isdigit() else 0, store=store)
+
+
+_made: object = None  # the default group init_distributed created: the only one teardown() destroys
+
+
 def teardown() -> None:
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the process group corecpu created; one that existed before setup() stays its maker's (Ray Train
+    destroys its own when the workers end)."""
+    global _made
+    if dist.is_available() and dist.is_initialized() and _made is not None and dist.group.WORLD is _made:
         dist.destroy_process_group()
+    _made = None
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:

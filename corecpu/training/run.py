@@ -11,7 +11,7 @@
             ckpt.save(step)
 
 setup() detects the launcher once, gives this rank its threads and CPUs (the plan `corecpu.bind`
-makes, computed at most once), creates the process group, and resolves the backend, the
+makes, computed at most once), creates the process group (or uses the one Ray Train made), and resolves the backend, the
 gradient all-reduce path and IPEX. wrap() owns the order the rest needs: it settles the
 precision on the loader's shapes, resumes from the checkpointer, then applies IPEX,
 torch.compile and DDP, and makes the model's forward autocast. Any `torch.nn.Module` and

@@ -20,3 +20,21 @@ def test_two_ranks_through_the_front_door_agree(tmp_path):
     assert result["total"] == [2.0, 1.0]
     assert result["type"] == "DistributedDataParallel"
     assert result["describe"]["backend"].startswith("gloo") and result["resolved"]["world_size"] == 2
+
+
+def test_a_process_group_made_before_setup_is_used_and_left_to_its_maker(tmp_path):
+    # A Ray Train worker (issue 27 item 10), without Ray: the launcher made the gloo group and set OMP_NUM_THREADS=1.
+    out = tmp_path / "existing.json"
+    for r in spawn("existing_group.py", 2, str(out)):
+        assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["kept"], "run.close() destroyed the process group setup() found"
+    ranks = result["ranks"]
+    for r in ranks:
+        assert r["launcher"] == "ray" and r["total"] == [2.0]
+        assert r["describe"]["backend"] == "gloo (made by ray before setup(); used as it is, left open at close)"
+        assert r["refused"] == ("backend mpi was asked for, but a gloo process group was made before setup() (under "
+                                "ray) and corecpu uses it; ask for backend auto or gloo")
+        assert r["launchers_thread_cpus"] == r["cpus"]  # the launcher's own threads moved onto the rank's CPUs too
+        assert r["omp"] == str(r["threads"])  # the plan's count replaced the launcher's 1
+    assert not set(ranks[0]["cpus"]) & set(ranks[1]["cpus"]), ranks

@@ -60,3 +60,50 @@ def test_bad_values_are_one_line_errors(env, fragment):
     with pytest.raises(CoreCPUError) as err:
         detect_launcher(env)
     assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+# What Ray Train's torch backend exports in a TorchTrainer worker (ray/train/torch/config.py, Ray 2.60), beside
+# RAY_RAYLET_PID, which every process a Ray node starts has.
+RAY_WORKER = {"RAY_RAYLET_PID": "4242", "RAY_JOB_ID": "01000000", "OMP_NUM_THREADS": "1", "MASTER_ADDR": "10.0.0.2",
+              "MASTER_PORT": "42703", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+              "NODE_RANK": "1", "ACCELERATE_TORCH_DEVICE": "cpu"}
+
+
+def test_a_ray_train_worker_is_ray_not_torchrun():
+    # Ray writes torchrun's variables: without its own class the worker would pass for a torchrun rank.
+    info = detect_launcher(RAY_WORKER)
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_world_size) == ("ray", 3, 8, 1, 2)
+    assert info.node_rank == 1 and info.launched and not info.mpi_world
+    without_ray = {k: v for k, v in RAY_WORKER.items() if not k.startswith("RAY_")}
+    assert detect_launcher(without_ray).launcher == "torchrun"
+
+
+def test_torchrun_inside_a_ray_task_is_torchrun():
+    # A Ray task that runs torchrun: its children inherit RAY_RAYLET_PID, but torchrun's variables describe them.
+    env = {**RAY_WORKER, "TORCHELASTIC_RUN_ID": "abc", "RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
+    assert detect_launcher(env).launcher == "torchrun"
+
+
+def test_a_ray_task_that_is_no_train_worker_is_one_process():
+    assert detect_launcher({"RAY_RAYLET_PID": "4242", "OMP_NUM_THREADS": "1"}).launcher == "single"
+
+
+def test_ray_trains_own_context_wins_over_its_copy_in_the_environment(monkeypatch):
+    import sys
+    import types
+
+    class Context:  # ray.train.get_context() in a worker: world rank, size, local rank, local size
+        def get_world_rank(self): return 5
+        def get_world_size(self): return 8
+        def get_local_rank(self): return 1
+        def get_local_world_size(self): return 4
+
+    monkeypatch.setitem(sys.modules, "ray.train", types.SimpleNamespace(get_context=Context))
+    info = detect_launcher(RAY_WORKER)
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_world_size) == ("ray", 5, 8, 1, 4)
+
+    def outside_a_worker():
+        raise RuntimeError("TrainContext has not been initialized.")
+
+    monkeypatch.setitem(sys.modules, "ray.train", types.SimpleNamespace(get_context=outside_a_worker))
+    assert detect_launcher(RAY_WORKER).rank == 3  # no context: the environment Ray wrote

@@ -76,3 +76,26 @@ def test_what_openmp_accepts_passes(value):
 
     check_omp_num_threads({"OMP_NUM_THREADS": value})
     check_omp_num_threads({})
+
+
+def test_bind_process_moves_the_threads_already_running():
+    # A Ray Train worker has some thirty threads of Ray's before setup(); binding only the caller left them (and
+    # the record, the union over threads) on every CPU.
+    import threading
+
+    from corecpu.cpu.threads import bind_process
+
+    before = frozenset(os.sched_getaffinity(0))
+    one = frozenset({min(before)})
+    started, stop = threading.Event(), threading.Event()
+    ids: list[int] = []
+    other = threading.Thread(target=lambda: (ids.append(threading.get_native_id()), started.set(), stop.wait()))
+    other.start()
+    started.wait()
+    try:
+        bind_process(one)
+        assert os.sched_getaffinity(ids[0]) == one and os.sched_getaffinity(0) == one
+    finally:
+        stop.set()
+        other.join()
+        bind_process(before)

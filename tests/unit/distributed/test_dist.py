@@ -82,6 +82,28 @@ def test_one_rank_group_and_teardown():
     assert not dist.is_initialized()
 
 
+def test_a_group_made_before_setup_is_used_and_left_to_its_maker():
+    # Ray Train makes the gloo group in each worker before the train function runs (issue 27 item 10).
+    from corecpu.cluster.launchers import LaunchInfo
+    from corecpu.distributed.process_group import adopt_existing
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        info = LaunchInfo("ray", 0, 1, 0, 1)
+        pg = adopt_existing("auto", info, {"MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "42703"})
+        assert (pg.backend, pg.master_addr, pg.master_port) == ("gloo", "10.0.0.2", 42703) and pg.store is not None
+        assert pg.backend_reason == "made by ray before setup(); used as it is, left open at close"
+        with pytest.raises(CoreCPUError, match=r"^backend ccl was asked for, but a gloo process group was made before "
+                                               r"setup\(\) \(under ray\) and corecpu uses it; ask for backend auto or gloo$"):
+            adopt_existing("ccl", info, {})
+        with pytest.raises(CoreCPUError, match="rank 0 of 1 already exists but ray says rank 1 of 2"):
+            adopt_existing("auto", LaunchInfo("ray", 1, 2, 1, 2), {})
+        teardown()  # what run.close() calls: not corecpu's group, so not destroyed
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_missing_rank_times_out_with_a_clear_message():
     # Rank 0 of 2 alone: must fail fast, naming the address and the fix.
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
