@@ -21,7 +21,8 @@ dataloader_num_workers 0.
 Rank 0 writes --out-json: each step's loss (token-weighted over all ranks, as corecpu's), the training seconds
 (SFTTrainer's train_runtime), the tokens trained (TRL's own num_tokens count: non-pad input tokens, all ranks),
 the eval loss after training (mean next-token loss over the eval file's completion tokens, fp32, computed here the
-same way corecpu's eval_loss does) and each rank's peak RSS. The trained model (or adapter) is saved, as a user
+same way corecpu's eval_loss does, each rank scoring its share of the rows as the Trainer's evaluate() would) and
+each rank's peak RSS. The trained model (or adapter) is saved, as a user
 saves it (corecpu writes final/ and a last checkpoint), to a temporary directory.
 """
 
@@ -144,11 +145,14 @@ def step_losses(losses: list[float], world: int) -> list[float]:
 
 
 @torch.no_grad()
-def eval_loss(model: torch.nn.Module, dataset: Dataset, pad_id: int, batch: int = 16) -> tuple[float, int]:
-    """Mean next-token loss over every label token of `dataset` (TRL-prepared: input_ids, labels), fp32."""
+def eval_loss(model: torch.nn.Module, dataset: Dataset, pad_id: int, batch: int = 16, rank: int = 0,
+              world: int = 1) -> tuple[float, int]:
+    """Mean next-token loss over every label token of `dataset` (TRL-prepared: input_ids, labels), fp32.
+    Collective for world > 1: each rank scores every world-th row, as the Trainer's evaluate() shards its
+    loader, and the sums meet in one all-reduce (a rank-0-only eval would bill the baseline world x the time)."""
     model.eval()
     total, count = 0.0, 0
-    rows = [(r["input_ids"], r["labels"]) for r in dataset]
+    rows = [(r["input_ids"], r["labels"]) for r in dataset][rank::world]
     for i in range(0, len(rows), batch):
         chunk = rows[i:i + batch]
         width = max(len(ids) for ids, _ in chunk)
@@ -160,6 +164,10 @@ def eval_loss(model: torch.nn.Module, dataset: Dataset, pad_id: int, batch: int 
         total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
                                                          ignore_index=-100, reduction="sum"))
         count += int((target != -100).sum())
+    if world > 1:
+        sums = torch.tensor([total, float(count)], dtype=torch.float64)
+        dist.all_reduce(sums)
+        total, count = float(sums[0]), int(sums[1])
     return total / max(count, 1), count
 
 
@@ -186,11 +194,13 @@ def main() -> None:
         rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
         every = [torch.zeros_like(rss) for _ in range(world)]
         dist.all_gather(every, rss) if world > 1 else every.__setitem__(0, rss)
+        if world > 1:
+            dist.barrier()  # the eval's time starts together on every rank
+        started = time.perf_counter()
+        held = (eval_loss(trainer.model, trainer.eval_dataset, tokenizer.pad_token_id, rank=trainer.args.process_index,
+                          world=world) if trainer.eval_dataset is not None else (math.nan, 0))
+        eval_seconds = time.perf_counter() - started
         if trainer.is_world_process_zero():
-            started = time.perf_counter()
-            held = (eval_loss(trainer.model, trainer.eval_dataset, tokenizer.pad_token_id)
-                    if trainer.eval_dataset is not None else (math.nan, 0))
-            eval_seconds = time.perf_counter() - started
             args.out_json.parent.mkdir(parents=True, exist_ok=True)
             args.out_json.write_text(json.dumps({
                 "form": args.form, "lora_r": args.lora_r, "world": world, "losses": losses,
