@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--defaults-repeats", type=int, default=0, help="repeats of trl_defaults (0: --repeats); it is "
                    "the slowest by far")
+    p.add_argument("--defaults-time-limit", type=float, default=0,
+                   help="stop a trl_defaults run after this many seconds and report a lower bound (0: no limit)")
     p.add_argument("--no-warm-up", action="store_true", help="skip the untimed 1-step first runs (caches warm)")
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
@@ -130,9 +133,19 @@ def run_one(variant: str, mode: str, a: argparse.Namespace, work: Path, ctx: dic
     out = Path(tempfile.mkdtemp(prefix=f"{variant}-{mode}-", dir=work))
     cmd, env = command(variant, mode, a, ctx["model_dir"], ctx["train"], ctx["eval"], out, ctx["defaults_batch"],
                        ctx["precision"])
+    limit = a.defaults_time_limit if variant == "trl_defaults" and a.defaults_time_limit > 0 else None
     start = time.perf_counter()
-    done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, start_new_session=True)  # its own group: a time limit stops every rank
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        print(f"{variant:13s} {mode:4s} stopped at the {limit:.0f} s limit: wall time at least that", flush=True)
+        return {"variant": variant, "mode": mode, "timed_out": True, "wall_s_at_least": limit}
     wall = time.perf_counter() - start
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     if done.returncode:
         sys.exit(f"{variant} {mode} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = {"variant": variant, "mode": mode, "wall_s": wall, **read_result(variant, out, done.stdout)}
@@ -146,7 +159,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for mode in sorted({r["mode"] for r in runs}):
         rows = {}
         for variant in VARIANTS:
-            mine = [r for r in runs if r["mode"] == mode and r["variant"] == variant]
+            mine = [r for r in runs if r["mode"] == mode and r["variant"] == variant and not r.get("timed_out")]
+            stopped = [r for r in runs if r["mode"] == mode and r["variant"] == variant and r.get("timed_out")]
+            if stopped and not mine:  # only a lower bound: no tokens/s, no eval loss
+                rows[variant] = {"wall_s_at_least": min(r["wall_s_at_least"] for r in stopped), "repeats": 0}
             if mine:
                 rows[variant] = {k: statistics.median(r[k] for r in mine)
                                  for k in ("wall_s", "tokens_per_s", "eval_loss", "peak_rss_mb_node")}
@@ -154,7 +170,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if "corecpu" in rows:
             ours = rows["corecpu"]
             for name, theirs in rows.items():
-                if name != "corecpu":
+                if name != "corecpu" and "wall_s_at_least" in theirs:
+                    theirs["corecpu_wall_speedup_at_least"] = theirs["wall_s_at_least"] / ours["wall_s"]
+                elif name != "corecpu":
                     theirs["corecpu_wall_speedup"] = theirs["wall_s"] / ours["wall_s"]
                     theirs["corecpu_tokens_speedup"] = ours["tokens_per_s"] / theirs["tokens_per_s"]
                     theirs["corecpu_eval_loss_ratio"] = ours["eval_loss"] / theirs["eval_loss"]

@@ -40,3 +40,11 @@ def test_ratios_are_corecpus_speed_up_and_loss_ratio():
     assert row["trl_tuned"]["corecpu_wall_speedup"] == 2.0
     assert row["trl_tuned"]["corecpu_tokens_speedup"] == 2.0
     assert abs(row["trl_tuned"]["corecpu_eval_loss_ratio"] - 2.0 / 2.2) < 1e-12
+
+
+def test_a_run_stopped_at_its_time_limit_is_a_lower_bound_only():
+    runs = [{"mode": "full", "variant": "corecpu", "wall_s": 50.0, "tokens_per_s": 1.0, "eval_loss": 2.0,
+             "peak_rss_mb_node": 1.0},
+            {"mode": "full", "variant": "trl_defaults", "timed_out": True, "wall_s_at_least": 600.0}]
+    row = bench.summarize(runs)["full"]["trl_defaults"]
+    assert row == {"wall_s_at_least": 600.0, "repeats": 0, "corecpu_wall_speedup_at_least": 12.0}
