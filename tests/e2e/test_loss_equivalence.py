@@ -14,7 +14,8 @@ before the reshape (317d209, which CI showed c134c55 matches) no eval loss needs
 - qa: 12 steps of the built-in QA set in 96-token windows (several per context) with gradient
   accumulation and SQuAD scoring of all 400 eval questions at the end; resumed from step 6. (An epoch of
   the QA set is hundreds of steps, so its epoch boundary is left to classification.)
-Each side tokenizes into its own cache directory, so neither reads features the other built.
+Each side tokenizes into its own cache directory, so neither reads features the other built (they share
+only the built DeepSpeed op, helpers.common.fresh_cache).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from helpers.common import fresh_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "c134c55b11ee1cc6286b22d31ba8f401bf3951c4"  # main when issue 25's refactor began
@@ -105,12 +108,12 @@ def reference_tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def current_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("current-cache")
+    return fresh_cache(tmp_path_factory.mktemp("current-cache"))
 
 
 @pytest.fixture(scope="module")
 def reference_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("reference-cache")
+    return fresh_cache(tmp_path_factory.mktemp("reference-cache"))
 
 
 @pytest.fixture(scope="module", params=list(JOBS))

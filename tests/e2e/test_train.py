@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.common import ROOT
+from helpers.common import ROOT, fresh_cache
 from helpers.launching import TINY, crash_at_step, launch, one_rank_vs_two, records, single
 
 
@@ -51,7 +51,7 @@ def test_auto_precision_is_measured_once_then_cached(tmp_path, monkeypatch):
 
     if has_amx(read_cpu_features()):
         pytest.skip("AMX means bf16 without measuring")
-    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(fresh_cache(tmp_path / "cache")))
     sources = []
     for run in ("first", "second"):
         out = tmp_path / run
