@@ -28,6 +28,8 @@ import pytest
 
 pytest.register_assert_rewrite("helpers")  # their asserts explain themselves like a test's
 
+from corecpu import envvars  # noqa: E402
+from helpers.common import fresh_cache  # noqa: E402
 from helpers.leaks import corecpu_threads, lingering_threads  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
@@ -65,9 +67,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_precision_cache(tmp_path_factory):
-    # Runs with --precision auto cache their calibration; keep it out of the user's ~/.cache.
+    # Runs with --precision auto cache their calibration; keep it out of the user's ~/.cache. Builds are no
+    # measurement: DeepSpeed's shared-memory op is the user's, so the one .ci/run's shm tier builds before
+    # its tests (or an earlier session) is not compiled again in each session.
     saved = os.environ.get("CORECPU_CACHE_DIR")
-    os.environ["CORECPU_CACHE_DIR"] = str(tmp_path_factory.mktemp("corecpu-cache"))
+    os.environ["CORECPU_CACHE_DIR"] = str(fresh_cache(tmp_path_factory.mktemp("corecpu-cache"), envvars.cache_dir()))
     yield
     if saved is None:
         os.environ.pop("CORECPU_CACHE_DIR", None)

@@ -9,12 +9,15 @@ included (the epoch as its index: records now carry transformers' fractional epo
 as are the ranks' parameter checksums in summary.json and, for qa, predictions.json byte for byte.
 c134c55 already evaluates each shard longest first (issue 16), so unlike the earlier comparison with main
 before the reshape (317d209, which CI showed c134c55 matches) no eval loss needs a tolerance.
-- classification: 2 epochs of the built-in sentiment set with gradient accumulation, a short last group,
-  an epoch boundary and two evaluations; resumed from c134c55's step-50 checkpoint.
+- classification: the built-in sentiment set with gradient accumulation, its first epoch's short last group
+  (step 63), the epoch boundary and 7 steps of the second epoch (--max-steps 70 of --epochs 2), and two
+  evaluations (the epoch's end and the last step); resumed from c134c55's step-50 checkpoint, so the resumed
+  run crosses the boundary itself. (2 whole epochs, 126 steps, checked nothing more at twice the time.)
 - qa: 12 steps of the built-in QA set in 96-token windows (several per context) with gradient
   accumulation and SQuAD scoring of all 400 eval questions at the end; resumed from step 6. (An epoch of
   the QA set is hundreds of steps, so its epoch boundary is left to classification.)
-Each side tokenizes into its own cache directory, so neither reads features the other built.
+Each side tokenizes into its own cache directory, so neither reads features the other built (they share
+only the built DeepSpeed op, helpers.common.fresh_cache).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.common import fresh_cache
+
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "c134c55b11ee1cc6286b22d31ba8f401bf3951c4"  # main when issue 25's refactor began
 COMMON = ["--model", "tiny", "--precision", "fp32", "--progress", "off", "--log-every", "1", "--keep-checkpoints", "3"]
@@ -41,14 +46,15 @@ class Job:
     args: list[str]
     steps: int  # optimizer steps the run takes
     evals: int  # evaluation records it writes
+    epochs: int  # epochs its steps touch
     resume_at: int  # the c134c55 checkpoint a resumed run starts from
 
 
 JOBS = {
-    "classification": Job(["--epochs", "2", "--batch-size", "8", "--grad-accum", "2", "--save-every", "50"],
-                          steps=126, evals=2, resume_at=50),
+    "classification": Job(["--epochs", "2", "--max-steps", "70", "--batch-size", "8", "--grad-accum", "2",
+                           "--save-every", "50"], steps=70, evals=2, epochs=2, resume_at=50),
     "qa": Job(["--task", "qa", "--max-steps", "12", "--batch-size", "4", "--grad-accum", "2", "--max-seq-len", "96",
-               "--doc-stride", "32", "--save-every", "6"], steps=12, evals=1, resume_at=6),
+               "--doc-stride", "32", "--save-every", "6"], steps=12, evals=1, epochs=1, resume_at=6),
 }
 
 
@@ -105,12 +111,12 @@ def reference_tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def current_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("current-cache")
+    return fresh_cache(tmp_path_factory.mktemp("current-cache"))
 
 
 @pytest.fixture(scope="module")
 def reference_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("reference-cache")
+    return fresh_cache(tmp_path_factory.mktemp("reference-cache"))
 
 
 @pytest.fixture(scope="module", params=list(JOBS))
@@ -124,6 +130,7 @@ def reference(request, reference_tree, reference_cache, tmp_path_factory) -> tup
     records = _records(out)
     assert len([r for r in records if "loss" in r]) == job.steps
     assert len([r for r in records if "eval_examples" in r]) == job.evals
+    assert len({r["epoch"] for r in records if "loss" in r}) == job.epochs
     return job, out
 
 
