@@ -129,6 +129,23 @@ def read_result(variant: str, out: Path, stdout: str) -> dict[str, Any]:
             "precision": precision.group(1) if precision else None}
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below `root`, read from /proc (children before their own children)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone while we looked
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
 def run_one(variant: str, mode: str, a: argparse.Namespace, work: Path, ctx: dict[str, Any]) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix=f"{variant}-{mode}-", dir=work))
     cmd, env = command(variant, mode, a, ctx["model_dir"], ctx["train"], ctx["eval"], out, ctx["defaults_batch"],
@@ -136,11 +153,15 @@ def run_one(variant: str, mode: str, a: argparse.Namespace, work: Path, ctx: dic
     limit = a.defaults_time_limit if variant == "trl_defaults" and a.defaults_time_limit > 0 else None
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, start_new_session=True)  # its own group: a time limit stops every rank
+                            cwd=ROOT)
     try:
         stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [proc.pid, *descendants(proc.pid)]:  # torchrun starts its workers in sessions of their own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.communicate()
         print(f"{variant:13s} {mode:4s} stopped at the {limit:.0f} s limit: wall time at least that", flush=True)
         return {"variant": variant, "mode": mode, "timed_out": True, "wall_s_at_least": limit}

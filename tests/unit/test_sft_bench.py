@@ -48,3 +48,23 @@ def test_a_run_stopped_at_its_time_limit_is_a_lower_bound_only():
             {"mode": "full", "variant": "trl_defaults", "timed_out": True, "wall_s_at_least": 600.0}]
     row = bench.summarize(runs)["full"]["trl_defaults"]
     assert row == {"wall_s_at_least": 600.0, "repeats": 0, "corecpu_wall_speedup_at_least": 12.0}
+
+
+def test_descendants_finds_grandchildren_in_sessions_of_their_own():
+    import subprocess
+    import sys
+    import time
+    # parent -> child (an agent, like torchrun) -> grandchild in a session of its own (a worker)
+    agent = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], "
+             "start_new_session=True); time.sleep(30)")
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {agent!r}])"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(found := bench.descendants(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(found) == 2  # the agent and, in a session of its own, its worker
+    finally:
+        for pid in bench.descendants(parent.pid):
+            subprocess.run(["kill", "-9", str(pid)])
+        parent.kill()
+        parent.wait()
