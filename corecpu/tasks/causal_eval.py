@@ -14,35 +14,28 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from corecpu import atomic
 from corecpu.data.builtin_sft import exact_match
-from corecpu.data.tokenized import META_KEYS
+from corecpu.data.tokenized import pop_meta
 from corecpu.training.run import Run
 
 GENERATE_BATCH = 16  # prompts per generate() call: left-padded together
-
-
-def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> tuple[float, float]:
-    """(summed cross-entropy, label tokens) of one batch, the causal shift applied, filler rows counting nothing."""
-    shift_logits, shift_labels = logits[:, :-1].float(), labels[:, 1:]
-    loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
-                           ignore_index=-100, reduction="none").view_as(shift_labels)
-    counted = (shift_labels != -100) & valid[:, None]
-    return float((loss * counted).sum()), float(counted.sum())
 
 
 def eval_loss(run: Run, model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
     """Token-weighted held-out loss and perplexity over the whole eval set (every rank its shard)."""
     sums = [0.0, 0.0, 0.0]  # loss, label tokens, rows
     for batch in loader:
-        meta = {k: batch.pop(k) for k in META_KEYS if k in batch}
-        labels = batch.pop("labels")
-        logits = model(**batch).logits  # the wrapped forward autocasts where bf16 was chosen
-        loss, tokens = token_loss_sums(logits, labels, meta["valid"])
-        sums = [sums[0] + loss, sums[1] + tokens, sums[2] + float(meta["valid"].sum())]
+        meta = pop_meta(batch)
+        labels = batch.pop("labels").masked_fill(~meta["valid"][:, None], -100)  # filler rows count nothing
+        tokens = float((labels[:, 1:] != -100).sum())
+        if tokens:
+            # The model's own mean over its label tokens (corecpu.training.label_logits: computed at those alone);
+            # the wrapped forward autocasts where bf16 was chosen.
+            sums[0] += float(model(**batch, labels=labels).loss) * tokens
+        sums = [sums[0], sums[1] + tokens, sums[2] + float(meta["valid"].sum())]
     loss_sum, tokens, rows = run.all_reduce_sum(sums)
     loss = loss_sum / max(tokens, 1.0)
     return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": int(tokens),

@@ -27,6 +27,7 @@ from corecpu.reporting.model_card import CAUSAL_CARD, LORA_CARD, write_model_car
 from corecpu.tasks.causal_eval import eval_loss, generate_share, write_generations
 from corecpu.training.builtin_models import is_builtin_causal
 from corecpu.training.causal_model import load_causal_lm
+from corecpu.training.label_logits import compute_logits_where_labelled
 from corecpu.training.modeling import resolve_model_dir
 from corecpu.training.memory_budget import ModelShape, check_fits, estimate, node_budget
 from corecpu.training.lora import LoraSettings, add_lora, merged_copy, trainable_summary
@@ -167,6 +168,7 @@ class CausalLM:
 
     def model(self, data: TaskData) -> tuple[torch.nn.Module, str]:
         model, desc = load_causal_lm(self.cfg.model, self.cfg.seed)
+        compute_logits_where_labelled(model)  # the head and loss at label tokens only: same loss, less work
         if self.options.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False  # training: no key/value cache to keep

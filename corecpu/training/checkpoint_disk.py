@@ -10,15 +10,17 @@ No torch.distributed here: checkpoint_state.py decides who writes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import io
 import json
 import os
 import shutil
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, BinaryIO, Callable, ContextManager, Iterator, Sequence
 
 import torch
 
@@ -222,22 +224,69 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host: str) -> None:
-    """Write one checkpoint atomically (the same step saved twice replaces the old one only once the new
-    one is complete); on failure remove the temporary directory and re-raise."""
+class _Digesting(io.RawIOBase):
+    """A write-only file that hashes what passes through it: the digest without reading the file back."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.hash = f, hashlib.new(DIGEST)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)  # hashlib releases the GIL for large buffers
+        return self.f.write(data)
+
+
+def write_file(path: Path, obj: Any) -> dict[str, Any]:
+    """torch.save `obj` to `path`, synced to disk; its size and SHA-256 digest, for meta.json.
+
+    The digest is taken of the bytes as they are written (reading 1.6 GB back cost as much as writing it) and
+    the size from the file; torch's own CRC-32 of each record is left out (measured 0.8 s of 1.6 GB's save on
+    the 2-vCPU EPYC): the digest covers it, and torch.load does not check it. Synced here, so that the ranks
+    writing parts of one checkpoint wait for the disk at once rather than one after the other at the rename."""
+    with open(path, "wb") as f, _crc_off():
+        digesting = _Digesting(f)
+        torch.save(obj, digesting)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": path.stat().st_size, DIGEST: digesting.hash.hexdigest()}
+
+
+def _crc_off() -> ContextManager[Any]:
+    config = getattr(getattr(torch.utils, "serialization", None), "config", None)
+    if config is None or not hasattr(getattr(config, "save", None), "compute_crc32"):
+        return contextlib.nullcontext()  # an older torch: it computes the CRC
+    return config.patch({"save.compute_crc32": False})
+
+
+@contextlib.contextmanager
+def writing(final: Path, host: str) -> Iterator[Path]:
+    """The temporary directory one checkpoint is written into, which becomes `final` (replacing a checkpoint of
+    the same step only once complete) if the body completes; removed on failure, and by an exit that cannot
+    wait (a second stop signal, the launcher gone). The body writes its files and finally meta.json (finish())."""
     with atomic.replacing_dir(final) as tmp:
-        # An exit that cannot wait (a second stop signal, the launcher gone) still removes the half-written copy.
         forget = preempt.on_hard_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
         try:
             owner = {"host": host, "pid": os.getpid(), "start": process_start(os.getpid())}
             (tmp / OWNER).write_text(json.dumps(owner))
-            torch.save(state, tmp / STATE)
-            # Digest what reached the file (read back from the page cache), not what we meant to write.
-            meta["files"] = {STATE: {"bytes": (tmp / STATE).stat().st_size, DIGEST: file_digest(tmp / STATE)}}
-            (tmp / META).write_text(json.dumps(meta, indent=2))
-            (tmp / OWNER).unlink()
+            yield tmp
         finally:
             forget()
+
+
+def finish(tmp: Path, meta: dict[str, Any], files: dict[str, dict[str, Any]]) -> None:
+    """meta.json, last, with each file's size and digest; the directory is then complete."""
+    meta["files"] = files
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+    (tmp / OWNER).unlink()
+
+
+def write_atomic(final: Path, state: dict[str, Any], meta: dict[str, Any], host: str) -> None:
+    """Write a one-file checkpoint atomically (see writing()); on failure remove the temporary directory and
+    re-raise."""
+    with writing(final, host) as tmp:
+        finish(tmp, meta, {STATE: write_file(tmp / STATE, state)})
 
 
 def prune(output_dir: str | Path, keep: int, also: Sequence[str] = ()) -> None:

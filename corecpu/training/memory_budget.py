@@ -10,7 +10,8 @@ written, what each rank and the node will hold, fp32 throughout:
   gradients    one value per trained parameter;  optimizer   AdamW's two moments per trained parameter;
   activations  what the backward keeps per token and layer of a Llama-style block (about 6h + 2kv + 4i
                values; only each layer's input with --gradient-checkpointing, plus one layer's full set),
-               and the logits and their gradient (2 x vocabulary values per token);
+               and the logits and their gradient (2 x vocabulary values per token: an upper bound, as
+               label_logits makes them at label tokens alone);
   runtime      Python, torch, transformers and their libraries (measured at about 0.4-0.6 GB per rank).
 
 It errs high on purpose where it guesses (the runtime, the allocator's slack), and is compared with the

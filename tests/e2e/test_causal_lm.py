@@ -78,7 +78,6 @@ def _eval_loss(model: torch.nn.Module, tokenizer) -> float:
     from corecpu.data.causal_tokens import tokenize_causal
     from corecpu.data.packing import CausalFeatures, make_causal_collate
     from corecpu.data.tokenized import pop_meta
-    from corecpu.tasks.causal_eval import token_loss_sums
 
     held = tokenize_causal(CausalData("prompt_completion", tuple(builtin_sft("eval", seed=0)), "sft"), tokenizer, 256)
     features = CausalFeatures(held, 256, True)
@@ -88,9 +87,19 @@ def _eval_loss(model: torch.nn.Module, tokenizer) -> float:
         for start in range(0, len(features), 16):
             batch = collate([features[i] for i in range(start, min(start + 16, len(features)))])
             meta, labels = pop_meta(batch), batch.pop("labels")
-            s, n = token_loss_sums(model(**batch).logits, labels, meta["valid"])
+            s, n = _token_loss_sums(model(**batch).logits, labels, meta["valid"])
             loss, tokens = loss + s, tokens + n
     return loss / tokens
+
+
+def _token_loss_sums(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> tuple[float, float]:
+    """(summed cross-entropy, label tokens) from a batch's full logits, the causal shift applied, filler rows
+    counting nothing: independent of corecpu's evaluation, which computes logits at label tokens alone."""
+    shift_logits, shift_labels = logits[:, :-1].float(), labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
+                                             ignore_index=-100, reduction="none").view_as(shift_labels)
+    counted = (shift_labels != -100) & valid[:, None]
+    return float((loss * counted).sum()), float(counted.sum())
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:

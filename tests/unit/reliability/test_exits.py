@@ -33,12 +33,13 @@ def test_hard_exit_runs_the_cleanups_then_exits_with_the_code(tmp_path):
 def test_a_checkpoint_being_written_is_removed_by_a_hard_exit(tmp_path, monkeypatch):
     seen = {}
 
-    def save_and_look(state, path):
+    def save_and_look(path, state):
         seen["tmp"] = Path(path).parent
         seen["cleanups"] = list(preempt._exit_cleanups)
         Path(path).write_bytes(b"x" * 10)
+        return {"bytes": 10}
 
-    monkeypatch.setattr(checkpoint_disk.torch, "save", save_and_look)
+    monkeypatch.setattr(checkpoint_disk, "write_file", save_and_look)
     checkpoint_disk.write_atomic(tmp_path / "step-00000001", {"a": torch.zeros(1)}, {"step": 1}, "host")
     assert seen["tmp"] == atomic.temp_path(tmp_path / "step-00000001")  # .step-00000001.tmp-HOST-PID
     assert len(seen["cleanups"]) == 1 and not preempt._exit_cleanups  # registered while writing, then forgotten

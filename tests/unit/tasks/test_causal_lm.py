@@ -3,16 +3,19 @@ the prompts evaluation completes, and the token-weighted eval loss."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from corecpu.data.causal_tokens import Tokenized
 from corecpu.errors import CoreCPUError
-from corecpu.tasks.causal_eval import token_loss_sums
+from corecpu.tasks.causal_eval import eval_loss
 from corecpu.tasks.causal_lm import _prompts
 from corecpu.tasks.registry import parse_config
 from corecpu.training.causal_model import load_causal_lm
+from corecpu.training.label_logits import compute_logits_where_labelled
 from corecpu.training.lora import LoraSettings, add_lora, check_targets, linear_names
 from corecpu.training.modeling import default_model_dir
 
@@ -66,13 +69,29 @@ def test_prompts_are_the_tokens_before_the_first_target_and_references_the_first
     assert _prompts(tok, 1) == [([1, 5, 6], [7, 8, 2])] and _prompts(None, 3) == []
 
 
-def test_eval_loss_sums_every_label_token_and_skips_filler_rows():
+@pytest.mark.parametrize("patched", [True, False])
+def test_eval_loss_weighs_every_label_token_and_skips_filler_rows(patched):
     torch.manual_seed(0)
-    logits = torch.randn(2, 4, 7)
-    labels = torch.tensor([[-100, 1, 2, -100], [-100, 3, 4, 5]])
-    loss, tokens = token_loss_sums(logits, labels, torch.tensor([True, False]))
-    want = torch.nn.functional.cross_entropy(logits[0, :2], labels[0, 1:3], reduction="sum")
-    assert tokens == 2 and loss == pytest.approx(float(want), rel=1e-6)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=31, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    if patched:
+        assert compute_logits_where_labelled(model)
+    ids = torch.randint(0, 31, (2, 5))
+    batches = [
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.tensor([[-100, 1, 2, -100, 3],
+         [-100, 3, 4, 5, 6]]), "valid": torch.tensor([True, False]), "num_tokens": 10, "num_padded": 0,
+         "num_label_tokens": 3},
+        {"input_ids": ids[:1], "attention_mask": torch.ones_like(ids[:1]), "labels": torch.tensor([[-100, -100, 7, 8,
+         -100]]), "valid": torch.tensor([True]), "num_tokens": 5, "num_padded": 0, "num_label_tokens": 2},
+    ]
+    with torch.no_grad():
+        logits = type(model).forward(model, input_ids=ids[:1]).logits[0]  # the same row in both batches
+    every = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor([1, 2, -100, 3]), reduction="sum")
+    every += torch.nn.functional.cross_entropy(logits[:-1], torch.tensor([-100, 7, 8, -100]), reduction="sum")
+    run = SimpleNamespace(all_reduce_sum=lambda xs: xs)
+    scores = eval_loss(run, model, [dict(b) for b in batches])
+    assert scores["eval_tokens"] == 5 and scores["eval_examples"] == 2  # rank 1's filler row counted nothing
+    assert scores["eval_loss"] == pytest.approx(float(every) / 5, rel=1e-5)
 
 
 def test_a_run_the_node_cannot_hold_stops_before_training_and_one_that_fits_says_what_it_takes(monkeypatch, tmp_path):
