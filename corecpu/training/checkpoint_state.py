@@ -109,7 +109,7 @@ def save(
     """Collective: every rank calls it (every rank's RNG state is gathered). Rank 0 writes the checkpoint, and
     with a large optimizer state the other ranks on its host write parts of it (checkpoint_shards: DDP's ranks
     hold the same state). For the 135M-parameter model's full fine-tuning (1.6 GB) on the 2-vCPU EPYC, 2 ranks:
-    FIXME s, against FIXME s for rank 0 alone.
+    1.5 s, against 3.2 s for rank 0 alone and 6.2 s for the Trainer's files (benchmarks/checkpoint_write.py).
     `keep_also`: step-* names kept beside the newest `keep` (the best evaluation's, --keep-best).
 
     Returns the checkpoint directory on rank 0, None elsewhere. A failure (disk full) raises
