@@ -57,23 +57,24 @@ def test_a_filesystem_that_refuses_o_direct_at_open_gets_the_ordinary_write(tmp_
     check(tmp_path / "part.pt", state, size, digest)
 
 
-def test_one_that_opens_with_o_direct_but_refuses_the_writes_is_written_again_the_ordinary_way(tmp_path, monkeypatch):
-    def refuse(fd, data):  # noqa: ANN001, ANN202
-        raise OSError(errno.EINVAL, "Invalid argument")
+def writes_fail(monkeypatch, code: int) -> None:
+    """Every write of the direct path (only it calls os.write) fails with `code`, mid-stream inside torch.save."""
+    def fail(fd, data):  # noqa: ANN001, ANN202
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(direct_io.os, "write", refuse)  # only the direct path calls os.write
-    monkeypatch.setattr(direct_io, "STAGING", 2 * direct_io.BLOCK)  # refused mid-stream, inside torch.save
+    monkeypatch.setattr(direct_io.os, "write", fail)
+    monkeypatch.setattr(direct_io, "STAGING", 2 * direct_io.BLOCK)
+
+
+def test_one_that_opens_with_o_direct_but_refuses_the_writes_is_written_again_the_ordinary_way(tmp_path, monkeypatch):
+    writes_fail(monkeypatch, errno.EINVAL)
     state, save = save_state(70_000)
     size, digest = direct_io.write_digested(tmp_path / "part.pt", save, "sha256")
     check(tmp_path / "part.pt", state, size, digest)
 
 
 def test_other_errors_are_not_swallowed(tmp_path, monkeypatch):
-    def full(fd, data):  # noqa: ANN001, ANN202
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(direct_io.os, "write", full)
-    monkeypatch.setattr(direct_io, "STAGING", 2 * direct_io.BLOCK)
+    writes_fail(monkeypatch, errno.ENOSPC)
     _, save = save_state(70_000)
     try:
         os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
