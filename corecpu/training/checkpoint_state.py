@@ -217,7 +217,11 @@ def _write_part(tmp: Path, name: str, obj: dict[str, Any]) -> tuple[str, dict[st
 def _commit(stack: contextlib.ExitStack, tmp: Path, meta: dict[str, Any], written: list[tuple[str, Any]],
             output_dir: str | Path, keep: int, keep_also: Sequence[str]) -> None:
     """Rank 0, once every part is written: meta.json, the rename into place, then pruning."""
-    finish(tmp, meta, dict(written))
+    try:
+        finish(tmp, meta, dict(written))
+    except BaseException as exc:
+        stack.__exit__(type(exc), exc, exc.__traceback__)  # the temporary directory goes, never into place
+        raise
     stack.close()  # the rename: the checkpoint exists from here
     prune(output_dir, keep, keep_also)
 

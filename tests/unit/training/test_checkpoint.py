@@ -282,6 +282,19 @@ def test_enospc_during_the_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
     assert ckpt.resume(tmp_path, "auto", model=model, optimizer=opt).step == 1
 
 
+def test_a_failure_writing_meta_json_leaves_neither_the_checkpoint_nor_its_temporary_directory(tmp_path, monkeypatch):
+    model, opt, _ = trained()
+    first = save(tmp_path, 1, model, opt)
+
+    def no_meta(tmp, meta, files):  # noqa: ANN001, ANN202
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ckpt, "finish", no_meta)
+    with pytest.raises(OSError, match="Input/output error"):
+        save(tmp_path, 2, model, opt)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [first.name]
+
+
 def test_other_write_errors_are_not_called_disk_full(tmp_path, monkeypatch):
     model, opt, _ = trained()
 
