@@ -93,10 +93,10 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
         # Gradients are all-reduced only in the last micro-batch's backward. A task whose loss is a mean over
         # tokens has the step weigh each micro-batch by them (task.loss_items; None: all micro-batches alike).
         for batch in step.micro_batches(count=task.loss_items):
-            meta = pop_meta(batch)  # num_tokens, num_padded, valid (and num_label_tokens): not model inputs
+            meta = pop_meta(batch)  # num_tokens, num_padded, num_attended, valid (num_label_tokens): not inputs
             loss = model(**batch).loss  # the wrapped forward autocasts where bf16 was chosen
             step.backward(loss)
-            report.add(loss, len(batch["input_ids"]), meta["num_tokens"], meta["num_padded"], weight=step.weight)
+            report.add(loss, len(batch["input_ids"]), meta, weight=step.weight)
         grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # the norm before clipping
                      if cfg.max_grad_norm > 0 else None)
         lr = scheduler.get_last_lr()[0]

@@ -1,24 +1,31 @@
 """How close to the machine a run is: model FLOPs utilisation (MFU).
 
-    count = count_flops(model)                      # once: what the model costs per trained token
+    count = count_flops(model, head_on_labels=...)  # once: what the model's parts cost
     rate = node_matmul_rate("bf16", threads, ...)   # once per machine: what the cores can do (cached)
-    mfu = tokens_per_s * count.per_token(mean_len) / rate
+    flops = count.batch(tokens, attended, label_tokens)   # each micro-batch's useful FLOPs, summed
+    mfu = flops / seconds / rate
 
 The count is the usual one (Kaplan et al. 2020; PaLM's appendix B; nanoGPT and torchtitan on GPUs):
 a trained token costs 6 x N FLOPs, N the non-embedding parameters (2 forward, 4 backward), plus
 12 x layers x width x T for attention's two matmuls (QK^T and AV) over a sequence of T tokens. The
-tokens are the real ones, padding excluded, and T is their mean length per example, so padded
-positions count as waste, not as work. Embedding lookups are no matmul and are left out.
+tokens are the real ones, padding excluded, so padded positions count as waste, not as work.
+Embedding lookups are no matmul and are left out. Only useful work counts, as MFU's definition asks:
+  - attention over each sequence's own tokens: a batch's `attended` is the sum over its sequences of
+    length squared, and packed documents are sequences of their own (they attend to nothing else, though
+    the dense masked kernel computes the whole row);
+  - the output layer only where it runs: at label tokens when the model computes logits only there
+    (corecpu.training.label_logits), else at every token;
+  - a frozen weight (a LoRA base) 4 FLOPs a token, not 6: it needs no weight gradient.
 
 The rate is measured, not read off a datasheet: every rank times square matmuls in the run's
 precision on its own cores at the same moment (so ranks that share a node share its memory
-bandwidth and turbo budget, as in training) and the job's rate is their sum. It is cached per
-kind of machine, threads, ranks per node and torch version, as the precision calibration is.
+bandwidth and turbo budget, as in training) and the job's rate is their sum. It is the best of the
+repeats, the one least disturbed by anything else the machine ran, and it is cached per kind of
+machine, threads, ranks per node and torch version, as the precision calibration is.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +37,9 @@ from corecpu import cachefile, envvars
 from corecpu.compute.wrappers import unwrap
 
 CACHE_FILE = "matmul.json"
-CACHE_VERSION = 1
+# 2: the best repeat, not the median (a median taken while something else ran was cached low: a 2-thread
+# rate below the 1-thread one on the 2-vCPU EPYC)
+CACHE_VERSION = 2
 MATMUL_SIZE = 1024  # big enough to reach the kernel's rate on a few cores, small enough to take ~0.1 s
 REPEATS = 5
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -42,24 +51,62 @@ class FlopCount:
     layers: int  # attention layers (0: no transformer config found, attention not counted)
     width: int  # hidden size
     frozen: int = 0  # of `params`, those not trained (a LoRA base): no weight gradient, 4 FLOPs a token, not 6
+    head: int = 0  # of `params`, the output layer's (0: none found; then it counts with the body)
+    head_frozen: int = 0  # of `head`, those not trained
+    head_on_labels: bool = False  # the output layer runs at label tokens only (label-only logits)
+
+    def _body(self) -> float:
+        return 6.0 * (self.params - self.frozen - self.head + self.head_frozen) + 4.0 * (self.frozen - self.head_frozen)
+
+    def _head(self) -> float:
+        return 6.0 * (self.head - self.head_frozen) + 4.0 * self.head_frozen
 
     def per_token(self, mean_len: float) -> float:
-        """Training FLOPs per real token for examples of `mean_len` tokens on average."""
-        return 6.0 * (self.params - self.frozen) + 4.0 * self.frozen + 12.0 * self.layers * self.width * mean_len
+        """Training FLOPs per real token for sequences of `mean_len` tokens, the head at every token."""
+        return self._body() + self._head() + 12.0 * self.layers * self.width * mean_len
+
+    def batch(self, tokens: int, attended: int | None = None, label_tokens: int | None = None,
+              samples: int = 1) -> float:
+        """A micro-batch's training FLOPs. `attended`: the sum over its sequences (packed documents each
+        one) of their real length squared; None: every one of the `samples` rows as long as their mean.
+        `label_tokens`: where the loss counts, which is where the head runs when `head_on_labels`."""
+        if attended is None:
+            attended = tokens * tokens / max(samples, 1)
+        head_rows = label_tokens if self.head_on_labels and label_tokens is not None else tokens
+        return self._body() * tokens + self._head() * head_rows + 12.0 * self.layers * self.width * attended
 
 
-def count_flops(model: torch.nn.Module) -> FlopCount:
-    """The model's non-embedding parameters and, from a Hugging Face config, its attention shape."""
+def count_flops(model: torch.nn.Module, head_on_labels: bool = False) -> FlopCount:
+    """The model's non-embedding parameters, its output layer's and, from a Hugging Face config, its attention
+    shape. `head_on_labels`: the model computes logits only at label tokens."""
     model = unwrap(model)
     # A parameter counts when a module other than an embedding holds it: a tied output layer's weight counts once.
     held = {id(p): p for m in model.modules() if not isinstance(m, torch.nn.Embedding)
             for p in m.parameters(recurse=False)}
     params = sum(p.numel() for p in held.values())
     frozen = sum(p.numel() for p in held.values() if not p.requires_grad)
+    head_params = [p for p in _output_layer(model).parameters() if id(p) in held] if _output_layer(model) else []
     config = getattr(model, "config", None)
     layers = _first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
     width = _first_int(config, ("hidden_size", "n_embd", "d_model"))
-    return FlopCount(params, layers if width else 0, width if layers else 0, frozen)
+    return FlopCount(params, layers if width else 0, width if layers else 0, frozen,
+                     head=sum(p.numel() for p in head_params),
+                     head_frozen=sum(p.numel() for p in head_params if not p.requires_grad),
+                     head_on_labels=head_on_labels and bool(head_params))
+
+
+def _output_layer(model: torch.nn.Module) -> torch.nn.Module | None:
+    """A language model's output layer (transformers' get_output_embeddings), through a PEFT wrapper."""
+    for m in model.modules():
+        get = getattr(m, "get_output_embeddings", None)
+        if callable(get):
+            try:
+                layer = get()
+            except (AttributeError, NotImplementedError):
+                continue
+            if isinstance(layer, torch.nn.Module):
+                return layer
+    return None
 
 
 def _first_int(config: object, names: Sequence[str]) -> int:
@@ -72,7 +119,8 @@ def _first_int(config: object, names: Sequence[str]) -> int:
 
 def time_matmul(precision: str, size: int = MATMUL_SIZE, repeats: int = REPEATS,
                 clock: Callable[[], float] = time.perf_counter) -> float:
-    """FLOP/s of a size^3 matmul in `precision` on this process's threads (the median of `repeats`)."""
+    """FLOP/s of a size^3 matmul in `precision` on this process's threads: the fastest of `repeats`, the one
+    least slowed by whatever else ran."""
     dtype = _DTYPES[precision]
     # A generator of its own: the default one is the training run's (dropout), and this measurement runs only
     # when the cache misses, so drawing from it made a first run's losses differ from every later run's.
@@ -84,7 +132,7 @@ def time_matmul(precision: str, size: int = MATMUL_SIZE, repeats: int = REPEATS,
         start = clock()
         torch.mm(a, b)
         seconds.append(clock() - start)
-    return 2.0 * size ** 3 / max(statistics.median(seconds), 1e-9)
+    return 2.0 * size ** 3 / max(min(seconds), 1e-9)
 
 
 def cache_key(cpu_model: str, precision: str, threads: int, local_ranks: int) -> str:
@@ -103,11 +151,11 @@ def rank_matmul_rate(precision: str, key: str, cache_dir: Path | None = None,
     return rate, False
 
 
-def mfu(tokens_per_s: float, count: FlopCount, mean_len: float, job_flops: float) -> float | None:
+def mfu(flops_per_s: float, job_flops: float) -> float | None:
     """Model FLOPs utilisation: achieved training FLOP/s over the job's measured matmul rate."""
-    if job_flops <= 0 or tokens_per_s <= 0:
+    if job_flops <= 0 or flops_per_s <= 0:
         return None
-    return tokens_per_s * count.per_token(mean_len) / job_flops
+    return flops_per_s / job_flops
 
 
 __all__ = ["FlopCount", "cache_key", "count_flops", "mfu", "rank_matmul_rate", "time_matmul"]

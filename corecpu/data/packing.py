@@ -30,7 +30,7 @@ from corecpu.data.tokenized import padded_width
 from corecpu.errors import CoreCPUError
 
 IGNORE = -100  # the label HF's cross-entropy skips
-META_KEYS = ("num_tokens", "num_padded", "valid", "num_label_tokens")
+META_KEYS = ("num_tokens", "num_padded", "num_attended", "valid", "num_label_tokens")
 
 
 def pack_bins(lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -104,6 +104,7 @@ def make_causal_collate(pad_id: int, pad_to_multiple_of: int = 0,
         attention = (segments[:, :, None] == segments[:, None, :]) & causal
         return {"input_ids": ids, "labels": labels, "position_ids": positions, "attention_mask": attention[:, None],
                 "num_tokens": sum(lengths), "num_padded": width * len(items) - sum(lengths),
+                "num_attended": sum(n * n for it in items for n in it["doc_lens"]),  # each document on its own
                 "valid": torch.tensor([it.get("valid", True) for it in items], dtype=torch.bool),
                 "num_label_tokens": int((labels[:, 1:] != IGNORE).sum())}
 

@@ -4,6 +4,8 @@ Batches from `make_collate` carry non-model keys, listed in META_KEYS, that the
 training loop must pop before calling the model:
   num_tokens  int, real (non-pad) tokens in the batch, for tokens/s logging;
   num_padded  int, pad positions in the batch: padding fraction = num_padded / (num_padded + num_tokens);
+  num_attended  int, the sum over the batch's sequences of their real length squared: attention's useful
+              work (MFU, corecpu.compute.flops); each of a language model's packed documents is a sequence;
   valid       BoolTensor (B,), False for filler items that only exist so every rank
               runs the same number of eval batches. Weight per-example metrics by it.
 and, from a language model's collate (corecpu.data.packing), one more:
@@ -21,7 +23,7 @@ from torch.utils.data import Dataset
 from corecpu.data.types import ClassificationData
 from corecpu.errors import CoreCPUError
 
-META_KEYS = ("num_tokens", "num_padded", "valid")
+META_KEYS = ("num_tokens", "num_padded", "num_attended", "valid")
 OPTIONAL_META_KEYS = ("num_label_tokens",)
 
 
@@ -106,6 +108,7 @@ def make_collate(tokenizer: Any, pad_to_multiple_of: int = 0,
                 batch[key] = torch.tensor([it[key] for it in items], dtype=torch.long)
         batch["num_tokens"] = sum(lengths)
         batch["num_padded"] = width * len(items) - sum(lengths)
+        batch["num_attended"] = sum(n * n for n in lengths)
         batch["valid"] = torch.tensor([it.get("valid", True) for it in items], dtype=torch.bool)
         return batch
 

@@ -88,15 +88,15 @@ def log_to(run: "Run", output_dir: str | Path, report_to: str = "none", config: 
 
 
 class Throughput:
-    """Samples and tokens per second over each logging interval."""
+    """Samples, tokens and model FLOPs per second over each logging interval."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
 
-    def rates(self, samples: float, tokens: float) -> tuple[float, float]:
+    def rates(self, samples: float, tokens: float, flops: float = 0.0) -> tuple[float, float, float]:
         now = time.perf_counter()
         dt, self.t0 = max(now - self.t0, 1e-9), now
-        return samples / dt, tokens / dt
+        return samples / dt, tokens / dt, flops / dt
 
 
 def format_step(record: dict[str, Any], total_steps: int, seconds_per_step: float | None = None) -> str:

@@ -27,6 +27,7 @@ from corecpu.cpu.hardware import read_cpu_features
 from corecpu.cpu.memory_use import memory_use, peak_rss_mb
 from corecpu import atomic, envvars
 from corecpu.errors import CoreCPUError
+from corecpu.training import label_logits
 from corecpu.training.checkpoint_disk import process_start
 from corecpu.training.run import Run
 from corecpu.training.schedule import StepStats
@@ -60,6 +61,7 @@ class Reporter:
         self._timed_to: float | None = None
         self._timed_samples = 0.0
         self._timed_tokens = 0.0
+        self._timed_flops = 0.0
         self._flops: flops.FlopCount | None = None  # what a token costs: for MFU (set by start(), after wrap())
         self.matmul: dict[str, Any] | None = None  # the job's measured matmul rate in the run's precision
         self._stats = StepStats()
@@ -98,14 +100,14 @@ class Reporter:
                               self.run.launch.local_world_size)
         rate, cached = flops.rank_matmul_rate(precision.name, key)
         job = self.run.all_reduce_sum([rate])[0]
-        self._flops = flops.count_flops(model)
+        self._flops = flops.count_flops(model, head_on_labels=label_logits.is_applied(model))
         self.matmul = {"precision": precision.name, "job_flops": job, "ranks": self.run.world_size,
                        "size": flops.MATMUL_SIZE, "cached": cached, "non_embedding_params": self._flops.params}
 
-    def _mfu(self, tokens_per_s: float, tokens: float, samples: float) -> float | None:
-        if self._flops is None or self.matmul is None or samples <= 0:
+    def _mfu(self, flops_per_s: float) -> float | None:
+        if self.matmul is None:
             return None
-        value = flops.mfu(tokens_per_s, self._flops, tokens / samples, self.matmul["job_flops"])
+        value = flops.mfu(flops_per_s, self.matmul["job_flops"])
         return round(value, 4) if value is not None else None
 
     def advance(self, step: int, status: str) -> None:
@@ -113,10 +115,14 @@ class Reporter:
             self.progress.update(self._task, completed=step, status=status)
 
     # ------------------------------------------------------------ records for tools
-    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0, weight: float | None = None) -> None:
-        """After each micro-batch: summed on this rank, without a host sync, until the next record.
+    def add(self, loss: torch.Tensor, samples: int, meta: Mapping[str, Any], weight: float | None = None) -> None:
+        """After each micro-batch: summed on this rank, without a host sync, until the next record. `meta`: the
+        batch's popped META_KEYS (corecpu.data.tokenized): its real and padded tokens, and what MFU counts.
         `weight`: what `loss` is the mean over, when not its samples (step.weight: label tokens)."""
-        self._stats.add(loss, samples, tokens, padded, weight)
+        tokens = meta["num_tokens"]
+        work = (self._flops.batch(tokens, meta.get("num_attended"), meta.get("num_label_tokens"), samples)
+                if self._flops else 0.0)
+        self._stats.add(loss, samples, tokens, meta.get("num_padded", 0), weight, work)
 
     def step_done(self, step: Step, lr: float, grad_norm: torch.Tensor | float | None = None) -> None:
         """After each optimizer step on every rank: a record every `log_every` steps and at the last one
@@ -139,13 +145,14 @@ class Reporter:
         """One training record from already-reduced `stats` (StepStats.reduce). `epoch` is fractional (1.0 at the
         end of the first); `learning_rate`, `grad_norm` and `epoch` are transformers' names, so dashboards line
         up with a Trainer's runs; `lr` stays for the readers of earlier records."""
-        sps, tps = self._interval.rates(stats["samples"], stats["tokens"])
+        sps, tps, fps = self._interval.rates(stats["samples"], stats["tokens"], stats.get("flops", 0.0))
         now = time.perf_counter()
         if self._timed_from is None:
             self._timed_from = now
         else:
             self._timed_samples, self._timed_to = self._timed_samples + stats["samples"], now
             self._timed_tokens += stats["tokens"]
+            self._timed_flops += stats.get("flops", 0.0)
         self.last_loss = stats["loss"]
         record: dict[str, Any] = {"step": step, "epoch": round(epoch, 4), "loss": stats["loss"], "lr": lr,
                                   "learning_rate": lr}
@@ -155,7 +162,7 @@ class Reporter:
                        "tokens_per_s": tps, "elapsed_s": round(now - self.started, 4)})
         if "padding" in stats:
             record["padding"] = round(stats["padding"], 4)
-        if (utilisation := self._mfu(tps, stats["tokens"], stats["samples"])) is not None:
+        if (utilisation := self._mfu(fps)) is not None:
             record["mfu"] = utilisation
         if stats.get("per_rank"):  # every rank's peak resident set so far: the highest, and each
             record["peak_rss_mb"] = round(max(stats["per_rank"]), 1)
@@ -204,8 +211,7 @@ class Reporter:
         """Model FLOPs utilisation after the first log interval (warm-up), as samples_per_s."""
         if self._timed_to is None or self._timed_from is None:
             return None
-        return self._mfu(self._timed_tokens / max(self._timed_to - self._timed_from, 1e-9), self._timed_tokens,
-                         self._timed_samples)
+        return self._mfu(self._timed_flops / max(self._timed_to - self._timed_from, 1e-9))
 
     def close(self) -> None:
         if self.progress:

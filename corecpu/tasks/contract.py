@@ -9,7 +9,7 @@ unless a method says otherwise:
     -> (evaluate -> eval_line) at the end of each epoch (or every --eval-steps steps) and the last step -> model_card
 
 The loop itself is the same for every task: a batch from `collate` goes to `model(**batch)`
-after train.py pops the META_KEYS (num_tokens, num_padded, valid; corecpu.data.tokenized), and
+after train.py pops the META_KEYS (num_tokens, num_padded, num_attended, valid; corecpu.data.tokenized), and
 the model's output must have `.loss` (see `loss_items` for what it is a mean over). `registry.register` refuses a class that lacks a member
 below, naming it; `isinstance(task, Task)` checks an instance.
 """
@@ -73,7 +73,9 @@ class Task(Protocol):
 
     def collate(self, tokenizer: Any) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
         """The DataLoader's collate_fn for both loaders: model inputs (and labels) as tensors, plus
-        corecpu.data.tokenized.META_KEYS (make_collate adds them). Pure; every rank."""
+        corecpu.data.tokenized.META_KEYS (make_collate adds them; of a collate of your own, num_tokens is
+        required, and without num_attended MFU takes every row's attention as long as their mean).
+        Pure; every rank."""
 
     def checkpoint_config(self, data: TaskData) -> dict[str, Any]:
         """Settings learned from the data (not in cfg.to_dict()) that a checkpoint must match to resume,

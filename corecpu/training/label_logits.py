@@ -41,23 +41,30 @@ def compute_logits_where_labelled(model: Any) -> bool:
     ([label tokens, vocabulary]). Returns whether it applied (False: an architecture not in PLAIN_HEADS)."""
     if not applies(model):
         return False
-
-    def forward(self: Any, input_ids: Any = None, labels: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        if labels is None or any(kwargs.get(k) is not None for k in _LOSS_KWARGS):
-            # The class's forward, not a captured bound method: a deep copy of the model must call its own.
-            return type(self).forward(self, input_ids=input_ids, labels=labels, **kwargs)
-        kwargs.pop("return_dict", None)
-        hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
-        targets = labels[:, 1:]
-        keep = targets != IGNORE
-        head = self.get_output_embeddings()
-        if not bool(keep.any()):
-            # No label here: a zero loss that still reaches the head, as every parameter must for DDP.
-            logits = head(hidden[:, :1])
-            return CausalLMOutputWithPast(loss=logits.float().sum() * 0.0, logits=logits.new_zeros(0, logits.size(-1)))
-        logits = head(hidden[:, :-1][keep])
-        loss = F.cross_entropy(logits.float(), targets[keep], reduction="mean")
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
-
-    model.forward = types.MethodType(forward, model)
+    model.forward = types.MethodType(_forward_where_labelled, model)
     return True
+
+
+def is_applied(model: torch.nn.Module) -> bool:
+    """Whether `model`, or a module inside a wrapper of it (DDP, PEFT), computes logits only where labelled."""
+    return any(getattr(getattr(m, "forward", None), "__func__", None) is _forward_where_labelled
+               for m in model.modules())
+
+
+def _forward_where_labelled(self: Any, input_ids: Any = None, labels: torch.Tensor | None = None,
+                            **kwargs: Any) -> Any:
+    if labels is None or any(kwargs.get(k) is not None for k in _LOSS_KWARGS):
+        # The class's forward, not a captured bound method: a deep copy of the model must call its own.
+        return type(self).forward(self, input_ids=input_ids, labels=labels, **kwargs)
+    kwargs.pop("return_dict", None)
+    hidden = self.base_model(input_ids=input_ids, **kwargs).last_hidden_state
+    targets = labels[:, 1:]
+    keep = targets != IGNORE
+    head = self.get_output_embeddings()
+    if not bool(keep.any()):
+        # No label here: a zero loss that still reaches the head, as every parameter must for DDP.
+        logits = head(hidden[:, :1])
+        return CausalLMOutputWithPast(loss=logits.float().sum() * 0.0, logits=logits.new_zeros(0, logits.size(-1)))
+    logits = head(hidden[:, :-1][keep])
+    loss = F.cross_entropy(logits.float(), targets[keep], reduction="mean")
+    return CausalLMOutputWithPast(loss=loss, logits=logits)

@@ -88,8 +88,10 @@ class StepStats:
         self.loss_sum = torch.zeros((), dtype=torch.float64)  # stays a tensor: no host sync per step
         self.samples = self.tokens = self.padded = 0
         self.weight = 0.0  # what the loss is averaged over: samples, or the items `add` is given
+        self.flops = 0.0  # the model FLOPs of the micro-batches (corecpu.compute.flops): for MFU
 
-    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0, weight: float | None = None) -> None:
+    def add(self, loss: torch.Tensor, samples: int, tokens: int, padded: int = 0, weight: float | None = None,
+            flops: float = 0.0) -> None:
         """`weight`: the items `loss` is the mean over (a language model's label tokens); default: samples."""
         weight = samples if weight is None else weight
         self.loss_sum += loss.detach().double() * weight
@@ -97,6 +99,7 @@ class StepStats:
         self.samples += samples
         self.tokens += tokens
         self.padded += padded
+        self.flops += flops
 
     def reduce(self, all_reduce_sum: Callable[[Sequence[float]], list[float]], *, rank: int = 0, world_size: int = 1,
                rank_value: float = 0.0) -> dict[str, Any]:
@@ -104,8 +107,8 @@ class StepStats:
         (this rank's peak RSS, say) comes back for every rank as "per_rank", in the same all-reduce."""
         slots = [0.0] * world_size
         slots[rank] = rank_value
-        loss, weight, samples, tokens, padded, *per_rank = all_reduce_sum(
-            [self.loss_sum.item(), self.weight, self.samples, self.tokens, self.padded, *slots])
+        loss, weight, samples, tokens, padded, flops, *per_rank = all_reduce_sum(
+            [self.loss_sum.item(), self.weight, self.samples, self.tokens, self.padded, self.flops, *slots])
         self.__init__()
         return {"loss": loss / max(weight, 1e-12), "samples": samples, "tokens": tokens,
-                "padding": padded / max(tokens + padded, 1), "per_rank": per_rank}
+                "padding": padded / max(tokens + padded, 1), "flops": flops, "per_rank": per_rank}

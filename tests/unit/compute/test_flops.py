@@ -31,10 +31,12 @@ def test_a_model_without_a_transformer_config_counts_its_parameters_only():
     assert count.per_token(100) == 6 * 36
 
 
-def test_the_matmul_rate_is_the_median_of_its_repeats():
-    times = iter([0.0, 1.0, 1.0, 3.0, 3.0, 3.5, 3.5, 5.5, 5.5, 6.0])  # 1, 2, 0.5, 2, 0.5 s: median 1 s
+def test_the_matmul_rate_is_the_best_of_its_repeats():
+    # The least disturbed repeat: a median taken while something else ran was cached low (a 2-thread rate
+    # below the 1-thread one on the 2-vCPU EPYC), and MFU printed over 100%.
+    times = iter([0.0, 1.0, 1.0, 3.0, 3.0, 3.5, 3.5, 5.5, 5.5, 6.0])  # 1, 2, 0.5, 2, 0.5 s: best 0.5 s
     rate = flops.time_matmul("fp32", size=8, repeats=5, clock=lambda: next(times))
-    assert rate == pytest.approx(2 * 8 ** 3 / 1.0)
+    assert rate == pytest.approx(2 * 8 ** 3 / 0.5)
 
 
 def test_the_rate_is_measured_once_per_key_then_cached(tmp_path):
@@ -64,8 +66,8 @@ def test_measuring_the_rate_leaves_the_training_runs_random_stream_alone():
 
 def test_mfu_is_achieved_over_measured_and_shown_in_the_step_line():
     count = flops.FlopCount(params=1_000_000, layers=0, width=0)
-    assert flops.mfu(1000.0, count, 50.0, 6e9 * 10) == pytest.approx(0.1)  # 6e9 achieved of 6e10
-    assert flops.mfu(1000.0, count, 50.0, 0.0) is None
+    assert flops.mfu(count.batch(1000) / 1.0, 6e9 * 10) == pytest.approx(0.1)  # 6e9 achieved of 6e10
+    assert flops.mfu(6e9, 0.0) is None
     line = format_step({"step": 3, "loss": 0.5, "lr": 1e-4, "samples_per_s": 10.0, "tokens_per_s": 500.0,
                         "mfu": 0.123}, 10)
     assert line.endswith("| MFU 12.3%")  # no timing in the record: nothing after it
@@ -83,3 +85,54 @@ def test_a_tied_output_layer_counts_and_a_frozen_base_costs_four_flops_a_token()
     count = flops.count_flops(torch.nn.Sequential(emb, body, head))
     assert (count.params, count.frozen) == (400 + 72, 72)
     assert count.per_token(10) == 6 * 400 + 4 * 72  # no transformer config: attention not counted
+
+
+def test_packed_documents_are_charged_attention_over_themselves():
+    # 12 x layers x width per token per token attended: two documents of 100 and 300 tokens packed into one
+    # 400-token row attend over 100^2 + 300^2 pairs, not 400^2 (the printed MFU of 214% charged whole rows).
+    count = flops.FlopCount(params=1000, layers=2, width=8)
+    packed = count.batch(400, attended=100 ** 2 + 300 ** 2)
+    assert packed == 6 * 1000 * 400 + 12 * 2 * 8 * (100 ** 2 + 300 ** 2)
+    assert packed < count.batch(400, attended=400 ** 2)
+    # Without `attended` (a collate of a research loop's own): rows of the batch's mean length.
+    assert count.batch(400, samples=2) == 6 * 1000 * 400 + 12 * 2 * 8 * 400 * 200
+
+
+def test_the_output_layer_is_charged_where_it_runs():
+    head = flops.FlopCount(params=1000, layers=0, width=0, head=300)
+    assert head.batch(100, label_tokens=10) == 6 * 1000 * 100  # computed everywhere unless it says otherwise
+    only = flops.FlopCount(params=1000, layers=0, width=0, head=300, head_on_labels=True)
+    assert only.batch(100, label_tokens=10) == 6 * 700 * 100 + 6 * 300 * 10
+    assert only.batch(100) == 6 * 1000 * 100  # no label count: every token
+    lora = flops.FlopCount(params=1000, layers=0, width=0, frozen=900, head=300, head_frozen=300, head_on_labels=True)
+    assert lora.batch(100, label_tokens=10) == (6 * 100 + 4 * 600) * 100 + 4 * 300 * 10
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+                         tie_word_embeddings=True)
+    return LlamaForCausalLM(config)
+
+
+def test_a_causal_lm_with_label_only_logits_is_counted_so_through_lora_and_ddp_like_wrappers():
+    from peft import LoraConfig, get_peft_model
+
+    from corecpu.training.label_logits import compute_logits_where_labelled, is_applied
+    model = _tiny_llama()
+    assert not is_applied(model)
+    assert compute_logits_where_labelled(model) and is_applied(model)
+    wrapped = torch.nn.ModuleDict({"module": get_peft_model(model, LoraConfig(r=2, target_modules="all-linear"))})
+    assert is_applied(wrapped)
+    count = flops.count_flops(wrapped, head_on_labels=is_applied(wrapped))
+    # The tied head (64 x 16) is found through PEFT's wrapper, frozen like the rest of the base.
+    assert (count.head, count.head_frozen, count.head_on_labels) == (64 * 16, 64 * 16, True)
+    assert count.frozen > count.head and count.params > count.frozen
+
+
+def test_a_model_without_an_output_layer_has_no_head_count():
+    config = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16)
+    count = flops.count_flops(BertForSequenceClassification(config), head_on_labels=True)
+    assert (count.head, count.head_on_labels) == (0, False)

@@ -191,6 +191,7 @@ def test_tokenize_and_collate(tokenizer):
     assert batch["token_type_ids"].shape == (2, lengths[1])
     assert batch["labels"].dtype == torch.long and batch["labels"].tolist() == [0, 1]
     assert batch["num_tokens"] == sum(lengths[:2]) and isinstance(batch["num_tokens"], int)
+    assert batch["num_attended"] == lengths[0] ** 2 + lengths[1] ** 2  # real tokens only, per row
     assert batch["valid"].tolist() == [True, True]
     assert set(META_KEYS) <= set(batch)
 

@@ -64,6 +64,7 @@ def test_collate_labels_positions_and_block_causal_mask():
     assert batch["attention_mask"].dtype == torch.bool and batch["attention_mask"].shape == (2, 1, 8, 8)
     assert torch.equal(batch["attention_mask"][:, 0], expect)
     assert (batch["num_tokens"], batch["num_padded"], batch["num_label_tokens"]) == (9, 7, 5)
+    assert batch["num_attended"] == 4 ** 2 + 2 ** 2 + 3 ** 2  # each document over itself, padding over nothing
     assert batch["valid"].tolist() == [True, False]
     assert make_causal_collate(0, pad_to_multiple_of=4, max_len=7)([feats[0]])["input_ids"].shape == (1, 7)
 

@@ -44,13 +44,13 @@ def _step(number: int, last: bool = False) -> SimpleNamespace:
 
 def test_a_non_finite_loss_stops_the_run_with_one_line(one_process, tmp_path):
     report = Reporter(one_process, tmp_path / "out", {}, total_steps=10, progress="off", log_every=2)
-    report.add(torch.tensor(0.7), 8, 80)
+    report.add(torch.tensor(0.7), 8, {"num_tokens": 80})
     report.step_done(_step(1), 1e-3)
-    report.add(torch.tensor(0.6), 8, 80)
+    report.add(torch.tensor(0.6), 8, {"num_tokens": 80})
     report.step_done(_step(2), 1e-3)  # logged: finite
-    report.add(torch.tensor(float("nan")), 8, 80)
+    report.add(torch.tensor(float("nan")), 8, {"num_tokens": 80})
     report.step_done(_step(3), 1e-3)  # not a log step: no sync, no check
-    report.add(torch.tensor(0.5), 8, 80)
+    report.add(torch.tensor(0.5), 8, {"num_tokens": 80})
     with pytest.raises(CoreCPUError, match=r"the training loss became nan by step 4 \(finite at step 2\)"):
         report.step_done(_step(4), 1e-3)
     report.close()
@@ -88,7 +88,12 @@ def test_after_wrap_the_records_and_the_summary_carry_mfu(one_process, tmp_path)
     report.start(0)
     assert report.matmul["precision"] == "fp32" and report.matmul["job_flops"] > 0
     assert report.matmul["non_embedding_params"] == 64 * 64 + 64 + 64 * 2 + 2
-    record = report.log_step(1, 0, 1e-3, {"loss": 0.5, "samples": 8.0, "tokens": 80.0, "padding": 0.0})
-    assert 0 < record["mfu"] < 1.5  # achieved over measured; a tiny model is far below 1
+    # Each micro-batch's model FLOPs are summed with its tokens: 6 x N per token, no attention in a Sequential.
+    # (A token count as large as a real interval's, so that the rounded MFU keeps its digits.)
+    report.add(torch.tensor(0.5), 8, {"num_tokens": 8_000_000, "num_padded": 0})
+    report.step_done(_step(1), 1e-3)
+    record = _json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert record["mfu"] == pytest.approx(6 * (64 * 64 + 64 + 64 * 2 + 2) * record["tokens_per_s"]
+                                          / report.matmul["job_flops"], rel=1e-3)
     report.close()
     assert "mfu" in _json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
