@@ -5,10 +5,13 @@ lands, on one host of 2 ranks and, hierarchically, on 2 "hosts" of 2 ranks that 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from corecpu.distributed.shm_allreduce import shm_status
+from helpers.common import ROOT
 from helpers.shm_checks import bf16_wire_as_expected
 from helpers.spawn import spawn
 
@@ -57,3 +60,17 @@ def test_two_hosts_of_one_rank_need_no_deepspeed(tmp_path):
     reports = run(tmp_path, 2, 1)
     assert all(r["identical"] and r["namespace"] == "" for r in reports), reports
     assert reports[0]["describe"] == "1 rank per host, 2 hosts' leaders over gloo, fp32 on the wire"
+
+
+@needs_shm
+def test_once_loaded_the_op_loads_without_importing_deepspeed():
+    # `import deepspeed`, which loading through its builder needs, was 3.5 s of every rank's start. A load
+    # through it (a build, the first time) stamps the op; a fresh process then imports the module directly.
+    code = ("import sys; from corecpu.distributed.shm_allreduce import load_op; op = load_op(); "
+            "print(op.vector_kernel_level(), 'deepspeed' in sys.modules)")
+    runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    last = [r.stdout.strip().splitlines()[-1].split() for r in runs]  # DeepSpeed logs to stdout as it loads
+    assert last[1] == [last[0][0], "False"], runs[1].stdout + runs[1].stderr[-2000:]

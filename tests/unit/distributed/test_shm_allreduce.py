@@ -4,6 +4,8 @@ and through launch.sh: tests/e2e/test_shm_allreduce.py."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
@@ -143,3 +145,27 @@ def test_wire_dtype_needs_the_kernels_for_it():
         check_wire("bf16", KERNEL_LEVEL_FP32)
     with pytest.raises(CoreCPUError, match=r"needs AVX2\); use --allreduce gloo$"):
         check_wire("fp32", 0)
+
+
+def test_a_build_is_loaded_directly_only_while_it_is_the_one_stamped(tmp_path, monkeypatch):
+    # The fast path (no `import deepspeed`) takes the .so only if the last load through DeepSpeed stamped this
+    # very file; a build being rewritten, or one never loaded, goes through DeepSpeed (which may rebuild it).
+    import importlib.util as util
+
+    from corecpu.distributed import shm_allreduce as shm
+    folder = tmp_path / shm.OP_NAME
+    folder.mkdir()
+    so = folder / f"{shm.OP_NAME}.so"
+    so.write_bytes(b"\0" * 100)
+    imported = []
+    monkeypatch.setattr(util, "spec_from_file_location", lambda *a, **k: imported.append(a) or None)
+    assert shm._load_built(folder) is None and imported == []  # never stamped
+    shm._stamp_built(folder, SimpleNamespace(__file__=str(tmp_path / "elsewhere.so")))
+    assert not (folder / shm._STAMP).exists()  # a module from elsewhere is not this build
+    shm._stamp_built(folder, SimpleNamespace(__file__=str(so)))
+    assert shm._load_built(folder) is None and imported == [(shm.OP_NAME, so)]  # stamped: imported from the file
+    so.write_bytes(b"\0" * 101)  # rebuilt (or half-written) since
+    imported.clear()
+    assert shm._load_built(folder) is None and imported == []
+    (folder / shm._STAMP).write_text("{not json")
+    assert shm._load_built(folder) is None and imported == []
