@@ -49,13 +49,15 @@ TORCH_INDEX = "CORECPU_TORCH_INDEX"
 CCL_SOURCE = "CORECPU_CCL_SOURCE"
 # Set by the user, read by tests/ccl (the DDP stress run): its number of steps (default 100; 2000 for the long run).
 CCL_STRESS_STEPS = "CORECPU_CCL_STRESS_STEPS"
+# Set by the user, read by test.sh: pytest workers for the whole suite (default 2; 0: one process).
+TEST_WORKERS = "CORECPU_TEST_WORKERS"
 
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
 ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, LOG_REDIRECTS, LOG_TEE,
        LOG_RANKS_FILTER, JOB_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
-       CCL_STRESS_STEPS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
+       CCL_STRESS_STEPS, TEST_WORKERS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:

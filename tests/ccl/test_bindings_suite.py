@@ -4,7 +4,9 @@ exported by hand. XPU tests skip themselves on a machine without XPUs.
 
 test_broadcast_stress queues 1000 async broadcasts. Unpatched, the bindings' completion thread waited on
 each oneCCL event while holding their global lock, which the main thread needs to submit the next one;
-corecpu's patch tests instead of waiting under the lock. It must pass 20 times in a row.
+corecpu's patch tests instead of waiting under the lock. Unpatched it hung in 2 of 5 runs (README); here it
+must pass 10 times in a row, after its run in the suite: an unpatched build at that rate passes 11 in a row
+0.4% of the time (0.6^11).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from helpers.ccl import needs_ccl, patched_source
 
 pytestmark = needs_ccl
-STRESS_RUNS = 20
+STRESS_RUNS = 10
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,8 @@ def test_the_bindings_cpu_suite_passes(upstream_tests):
     assert all(re.search(r"xpu|gpu|device", why, re.I) for _, why in skipped), skipped
 
 
-def test_broadcast_stress_passes_20_times_in_a_row(upstream_tests):
-    # One unittest run of the same test 20 times: each spawns its ranks afresh and queues 1000 broadcasts.
+def test_broadcast_stress_passes_10_times_in_a_row(upstream_tests):
+    # One unittest run of the same test 10 times: each spawns its ranks afresh and queues 1000 broadcasts.
     proc = _suite(upstream_tests, *["ProcessGroupCCLTest.test_broadcast_stress"] * STRESS_RUNS, timeout=600)
     tail = proc.stderr[-3000:]
     assert proc.returncode == 0, tail

@@ -160,7 +160,7 @@ def test_sigterm_on_ccl_checkpoints_and_exits_75(tmp_path):
 
 def test_a_hung_rank_on_ccl_is_named(tmp_path):
     job = start(tmp_path, 2, *TINY, "--max-steps", "100000", "--log-every", "1", "--batch-size", "8",
-                "--backend", "ccl", "--step-timeout", "20", env=launch_env(MASTER_PORT=str(free_port())))
+                "--backend", "ccl", "--step-timeout", "10", env=launch_env(MASTER_PORT=str(free_port())))
     wait_for_step(job, 5)
     os.kill(rank_pids(job.marker)[1], signal.SIGSTOP)
     rc, _ = job.wait(timeout=120)

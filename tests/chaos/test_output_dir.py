@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from helpers.chaoslib import ROOT, TINY
@@ -53,11 +54,22 @@ def test_a_second_run_into_a_busy_directory_is_refused_and_the_first_finishes(tm
 def test_deleting_the_directory_mid_run_is_reported(tmp_path):
     out = tmp_path / "doomed"
     run = start(out, "--max-steps", "100000")
+    warning = f"corecpu: warning: {out} was deleted (or its lock removed) during the run"
+    err: list[str] = []
+    # Both pipes drained as the run writes them; the warning is waited for, not slept for.
+    readers = [threading.Thread(target=lambda: err.extend(run.stderr), daemon=True),
+               threading.Thread(target=lambda: run.stdout.read(), daemon=True)]
     try:
+        for reader in readers:
+            reader.start()
         wait_for_steps(out, 2, run)
         subprocess.run(["rm", "-rf", str(out)], check=True)
-        time.sleep(25)  # the lock's heartbeat notices within HEARTBEAT_S (20 s)
+        deadline = time.monotonic() + 30  # the lock's heartbeat notices within HEARTBEAT_S (20 s)
+        while time.monotonic() < deadline and not any(warning in line for line in err) and run.poll() is None:
+            time.sleep(0.1)
     finally:
         run.terminate()
-        _, err = run.communicate(timeout=120)
-    assert f"corecpu: warning: {out} was deleted (or its lock removed) during the run" in err
+        run.wait(timeout=120)
+        for reader in readers:
+            reader.join(timeout=10)
+    assert any(warning in line for line in err), "".join(err)[-3000:]
