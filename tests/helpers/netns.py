@@ -1,9 +1,17 @@
-"""Two fake hosts on one machine, for real multi-host tests of the mpirun launch path.
+"""Fake hosts on one machine, for real multi-host tests of the mpirun launch path and the cluster benchmark.
 
 ``two_hosts()`` builds two Linux network namespaces joined by a veth pair. Inside
 each namespace the veth end is called ``cc0`` (same name on both "hosts", so a single
 ``I_MPI_HYDRA_IFACE``/``GLOO_SOCKET_IFNAME`` value is right everywhere) and the
 loopback is up. Nothing is routed to the outside: the namespaces only see each other.
+
+``fake_hosts(n, switch=True, cpus=[...])`` builds n of them (benchmarks/cluster.py): each
+host's ``cc0`` is cabled to a port of a Linux bridge in a "switch" namespace, ``cpus``
+gives each host its own CPU set (every command entered through the bootstrap script runs
+under ``taskset``, so corecpu's plan sees only that host's CPUs), and ``shape(h, mbit)``
+puts a token-bucket (tbf) rate on both directions of every host's link: the host's
+egress and the switch port's egress towards it, as a full-duplex NIC into a
+non-blocking switch.
 
 Intel MPI's hydra is told to reach the second host through a generated
 bootstrap-exec script instead of ssh (``I_MPI_HYDRA_BOOTSTRAP=rsh`` +
@@ -36,7 +44,7 @@ Usage::
 Needs root, ``ip`` (iproute2), ``unshare`` and ``mount``; ``two_hosts()`` calls
 ``pytest.skip`` with the reason when they are missing or ``ip netns add`` is refused
 (``unavailable_reason()`` gives the reason without skipping). Namespaces are named
-``ccmh<pid>x<n>a``/``b``, so parallel test processes do not collide; leftovers of
+``ccmh<pid>x<n>a``/``b``/... (the switch ``...z``), so parallel test processes do not collide; leftovers of
 crashed runs (whose pid is gone) are removed on the next start. Teardown always
 kills whatever still runs in the namespaces and deletes them.
 """
@@ -56,13 +64,14 @@ import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 IFACE = "cc0"
 DEFAULT_ADDRESSES = ("10.77.0.1", "10.77.0.2")
 DEFAULT_HOSTNAMES = ("cc-node0", "cc-node1")
 PREFIX = "ccmh"  # corecpu multi-host; also the tmp dir prefix
-_NAME_RE = re.compile(rf"^{PREFIX}(\d+)x\d+[ab]$")
+_NAME_RE = re.compile(rf"^{PREFIX}(\d+)x\d+[a-z]$")
+MAX_HOSTS = 8
 _TMP_RE = re.compile(rf"^{PREFIX}(\d+)x\d+-")
 _counter = itertools.count()
 
@@ -189,10 +198,13 @@ if [ $# -lt 2 ]; then
 fi
 host=$1
 shift
+cpus=
 case "$host" in
 {cases}
     *) echo "$0: unknown host '$host' (not one of the test namespaces)" >&2; exit 255 ;;
 esac
+# A host's own CPUs: what its processes (and corecpu's plan, which reads the allowed CPUs) see.
+if [ -n "$cpus" ]; then set -- taskset -c "$cpus" "$@"; fi
 exec ip netns exec "$ns" unshare --uts --mount /bin/sh -c '
     mount --bind "$1" /etc/hosts || exit 255
     if [ -e /etc/resolv.conf ]; then mount --bind "$2" /etc/resolv.conf || exit 255; fi
@@ -204,15 +216,17 @@ exec ip netns exec "$ns" unshare --uts --mount /bin/sh -c '
 
 @dataclass
 class TwoHosts:
-    namespaces: tuple[str, str]
-    addresses: tuple[str, str]
-    hostnames: tuple[str, str]
+    """The fake hosts (two, or fake_hosts' n: the name is kept for the tests that import it)."""
+    namespaces: tuple[str, ...]
+    addresses: tuple[str, ...]
+    hostnames: tuple[str, ...]
     iface: str
     tmpdir: Path
     hostfile: Path  # one address per line (rank 0's host first)
     hostfile_names: Path  # the same hosts by hostname (resolvable only inside the namespaces)
     bootstrap_exec: Path
     env: dict[str, str] = field(default_factory=dict)
+    switch: str | None = None  # the bridge's namespace (fake_hosts with switch), else None
 
     @property
     def master_addr(self) -> str:
@@ -321,48 +335,86 @@ def _check_link(h: TwoHosts) -> None:
         srv.stderr.close()
 
 
+def _host_defaults(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if n == 2:
+        return DEFAULT_ADDRESSES, DEFAULT_HOSTNAMES
+    return tuple(f"10.77.0.{i + 1}" for i in range(n)), tuple(f"cc-node{i}" for i in range(n))
+
+
+def _skip_or_raise(reason: str, skip: bool) -> None:
+    if skip:
+        import pytest
+
+        pytest.skip(f"multi-host test needs network namespaces: {reason}")
+    raise NetnsUnavailable(reason)
+
+
+def _cable(host_ns: str, iface: str, switch_ns: str | None, port: str, peer_ns: str | None) -> str | None:
+    """A veth from host_ns's `iface` to a switch port (or straight to peer_ns's `iface`); an error or None.
+    Both ends are created inside their namespaces: no interface ever appears in the root namespace."""
+    far = ["name", port, "netns", switch_ns] if switch_ns else ["name", iface, "netns", peer_ns]
+    r = _run(["ip", "link", "add", "name", iface, "netns", host_ns, "type", "veth", "peer", *far], check=False)
+    if r.returncode != 0:
+        return f"cannot create a veth pair: {r.stderr.strip()}"
+    if switch_ns:
+        _run(["ip", "-n", switch_ns, "link", "set", port, "master", "br0"])
+        _run(["ip", "-n", switch_ns, "link", "set", port, "up"])
+    return None
+
+
 @contextlib.contextmanager
-def two_hosts(
+def fake_hosts(
+    n: int = 2,
     *,
-    addresses: Sequence[str] = DEFAULT_ADDRESSES,
-    hostnames: Sequence[str] = DEFAULT_HOSTNAMES,
+    addresses: Sequence[str] | None = None,
+    hostnames: Sequence[str] | None = None,
     prefix_len: int = 24,
     iface: str = IFACE,
     isolate_hostname: bool = True,
+    switch: bool | None = None,
+    cpus: Sequence[str] | None = None,
     skip: bool = True,
 ) -> Iterator[TwoHosts]:
-    """Create two namespace "hosts" joined by a veth pair; always torn down on exit.
+    """Create n namespace "hosts"; always torn down on exit.
 
-    skip=True: pytest.skip(reason) when namespaces are unavailable; skip=False:
+    switch=None: a direct veth pair for 2 hosts, a bridge ("switch" namespace) for more. cpus: one
+    taskset CPU list per host (e.g. ["0", "1", "0", "1"]), applied to every command entered through
+    the bootstrap script. skip=True: pytest.skip(reason) when namespaces are unavailable; skip=False:
     raise NetnsUnavailable instead.
     """
+    if not 2 <= n <= MAX_HOSTS:
+        raise ValueError(f"fake_hosts: n must be 2..{MAX_HOSTS}, got {n}")
+    default_addresses, default_names = _host_defaults(n)
+    addresses, hostnames = tuple(addresses or default_addresses), tuple(hostnames or default_names)
+    if cpus is not None and len(cpus) != n:
+        raise ValueError(f"fake_hosts: {len(cpus)} CPU sets for {n} hosts")
+    use_switch = n > 2 if switch is None else switch
     reason = unavailable_reason()
     if reason:
-        if skip:
-            import pytest
-
-            pytest.skip(f"multi-host test needs network namespaces: {reason}")
-        raise NetnsUnavailable(reason)
+        _skip_or_raise(reason, skip)
     cleanup_stale()
 
     tag = f"{PREFIX}{os.getpid()}x{next(_counter)}"
-    namespaces = (f"{tag}a", f"{tag}b")
+    namespaces = tuple(f"{tag}{chr(ord('a') + i)}" for i in range(n))
+    switch_ns = f"{tag}z" if use_switch else None
+    everything = namespaces + ((switch_ns,) if switch_ns else ())
     tmpdir = Path(tempfile.mkdtemp(prefix=f"{tag}-"))
     try:
-        for ns in namespaces:  # same pid and counter => a crashed earlier fixture of ours
+        for ns in everything:  # same pid and counter => a crashed earlier fixture of ours
             _delete_netns(ns)
-        for ns in namespaces:
+        for ns in everything:
             _run(["ip", "netns", "add", ns])
-        # created directly inside the namespaces: no interface ever appears in the root namespace
-        veth = _run(["ip", "link", "add", "name", iface, "netns", namespaces[0], "type", "veth",
-                     "peer", "name", iface, "netns", namespaces[1]], check=False)
-        if veth.returncode != 0:
-            reason = f"cannot create a veth pair: {veth.stderr.strip()}"
-            if skip:
-                import pytest
-
-                pytest.skip(f"multi-host test needs network namespaces: {reason}")
-            raise NetnsUnavailable(reason)
+        if switch_ns:
+            bridge = _run(["ip", "-n", switch_ns, "link", "add", "br0", "type", "bridge"], check=False)
+            if bridge.returncode != 0:
+                _skip_or_raise(f"cannot create a bridge: {bridge.stderr.strip()}", skip)
+            _run(["ip", "-n", switch_ns, "link", "set", "br0", "up"])
+            cables = [(ns, f"p{i}", None) for i, ns in enumerate(namespaces)]
+        else:
+            cables = [(namespaces[0], "", namespaces[1])]
+        for host_ns, port, peer in cables:
+            if (error := _cable(host_ns, iface, switch_ns, port, peer)) is not None:
+                _skip_or_raise(error, skip)
         for ns, addr in zip(namespaces, addresses):
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{addr}/{prefix_len}", "dev", iface])
@@ -373,9 +425,10 @@ def two_hosts(
         resolv = tmpdir / "etc_resolv.conf"
         resolv.write_text("# empty: no DNS inside the test namespaces\n")
         cases = []
-        for ns, addr, name in zip(namespaces, addresses, hostnames):
+        for i, (ns, addr, name) in enumerate(zip(namespaces, addresses, hostnames)):
             hn = shlex.quote(name) if isolate_hostname else "''"
-            cases.append(f"    {addr}|{name}|{ns}) ns={ns}; hn={hn} ;;")
+            cpu = f"; cpus={shlex.quote(cpus[i])}" if cpus else ""
+            cases.append(f"    {addr}|{name}|{ns}) ns={ns}; hn={hn}{cpu} ;;")
         script = tmpdir / "netns_bootstrap.sh"
         script.write_text(
             _ENTER_TEMPLATE.format(
@@ -406,22 +459,46 @@ def two_hosts(
 
         h = TwoHosts(
             namespaces=namespaces,
-            addresses=tuple(addresses),
-            hostnames=tuple(hostnames),
+            addresses=addresses,
+            hostnames=hostnames,
             iface=iface,
             tmpdir=tmpdir,
             hostfile=hostfile,
             hostfile_names=hostfile_names,
             bootstrap_exec=script,
             env=env,
+            switch=switch_ns,
         )
         _check_link(h)
         yield h
     finally:
-        for ns in namespaces:
+        for ns in everything:
             with contextlib.suppress(Exception):
                 _delete_netns(ns)
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def two_hosts(**kwargs: Any) -> contextlib.AbstractContextManager[TwoHosts]:
+    """Two namespace "hosts" joined by a veth pair (fake_hosts(2, ...))."""
+    return fake_hosts(2, **kwargs)
+
+
+def shape(h: TwoHosts, mbit: float | None) -> None:
+    """Every host's link at `mbit` Mbit/s each way (token bucket), or unshaped with None.
+
+    The bucket holds 1 ms at the rate, at least 256 KiB: veths hand tbf segments of up to 64 KiB
+    (GSO), and a bucket smaller than one segment would drop it. Latency is the veth's own (no netem
+    in every kernel): measure it rather than assume it."""
+    links = [(ns, h.iface) for ns in h.namespaces]
+    if h.switch:
+        links += [(h.switch, f"p{i}") for i in range(len(h.namespaces))]
+    for ns, dev in links:
+        if mbit is None:
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"], check=False)
+            continue
+        burst = max(int(mbit * 1e6 / 8 / 1000), 256 * 1024)
+        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+              "rate", f"{mbit}mbit", "burst", str(burst), "latency", "10ms"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,344 @@
+"""Scaling across hosts, measured on one machine: ranks in network-namespace "hosts" on a shaped switch.
+
+    python benchmarks/cluster.py                                   # MiniLM, 2 and 4 hosts, 1/10/25 Gb/s
+    python benchmarks/cluster.py --model bert-base --hosts 2 --batch-size 8 --steps 12 --warmup 3
+    python benchmarks/cluster.py --model tiny --data builtin --hosts 2 --gbits 1 --steps 8 --warmup 2  # smoke
+    python benchmarks/cluster.py --report benchmarks/results/cluster-minilm.json                     # re-print
+
+Each "host" is a Linux network namespace cabled to a bridge (tests/helpers/netns.py fake_hosts) with its
+own CPU set (one core by default; 4 hosts on 2 cores share them two to a core), and every link is shaped
+with a token bucket to the rate asked for, both ways. One rank per host. Needs root and iproute2.
+
+What is measured, per tool (corecpu through launch.sh and Intel MPI, each --allreduce path asked for; the
+Hugging Face Trainer through torchrun on every host), per host count:
+- the compute-only step: the same job launched the same way with DDP's gradient all-reduce replaced by
+  nothing (benchmarks/noop_allreduce.py): same ranks, CPU sets, samplers and batch shapes; so the time
+  of a step without gradient traffic, with everything else (DDP's buckets, small collectives) kept;
+- the step at each link rate (mean of steps W+1..S from rank 0's step timestamps, as throughput.py);
+- scaling efficiency = compute-only step / step, and exposed communication = step - compute-only step:
+  the time gradients add to a step after overlap with backward, which is what a faster network or a
+  smaller gradient buys back.
+Why not samples/s against one host: here the hosts share the machine's cores, so N hosts do not have N
+times one host's compute. Comparing each job with itself minus its gradient traffic keeps the CPU share
+equal and leaves the network's cost. The TCP stack's work does run on the same cores, as on a real host.
+
+Each rate's link is checked first (TCP throughput one way, round-trip time), since on a small machine the
+CPU, not the shaper, can be the limit. Results: benchmarks/results/cluster-<model>.json and a table; the
+scale model (benchmarks/scale_model.py) reads that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the fake hosts are the multi-host tests' own (tests/helpers/netns.py)
+
+import harness  # noqa: E402
+import stats  # noqa: E402
+from helpers.netns import TwoHosts, fake_hosts, shape  # noqa: E402
+
+VARIANTS = ("corecpu", "corecpu:gloo", "corecpu:mpi", "trainer")
+PORT = 29611
+LINK_PROBE = BENCH / "link_probe.py"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="minilm", help="minilm, bert-base (random init, MiniLM's vocabulary), tiny, or a "
+                   "model directory")
+    p.add_argument("--data", default="paraphrase")
+    p.add_argument("--hosts", default="2,4", help="host counts, comma-separated (2..8)")
+    p.add_argument("--gbits", default="1,10,25", help="link rates in Gb/s, comma-separated; 0 = unshaped")
+    p.add_argument("--variants", default=",".join(VARIANTS),
+                   help=f"comma list of {', '.join(VARIANTS)}; corecpu:NAME is `--allreduce NAME`, or the flags "
+                        "--corecpu-args gives NAME")
+    p.add_argument("--corecpu-args", action="append", default=[], metavar="NAME=FLAGS",
+                   help="train.py flags of variant corecpu:NAME, e.g. 'bf16wire=--allreduce-dtype bf16'")
+    p.add_argument("--batch-size", type=int, default=16, help="per rank")
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=24, help="optimizer steps per run")
+    p.add_argument("--warmup", type=int, default=4, help="first steps not timed")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="for every tool alike (a network benchmark: precision is not what is compared)")
+    p.add_argument("--cores-per-host", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--work-dir", type=Path)
+    p.add_argument("--timeout", type=float, default=900, help="per run, seconds")
+    p.add_argument("--report", type=Path, help="print the tables of an earlier result file and stop")
+    args = p.parse_args(argv)
+    args.host_counts = [int(x) for x in args.hosts.split(",")]
+    args.rates = [float(x) for x in args.gbits.split(",")]
+    args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
+    args.corecpu_extra = harness.parse_corecpu_args(args.corecpu_args)
+    for v in args.variant_list:
+        if v not in ("corecpu", "trainer") and not v.startswith("corecpu:"):
+            p.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)} or corecpu:PATH")
+    if args.warmup >= args.steps:
+        p.error("--warmup must be below --steps")
+    return args
+
+
+# ---------------------------------------------------------------- pure planning
+
+def host_cpus(n: int, allowed: list[int], per_host: int) -> list[str]:
+    """Pure. Each host's taskset list: consecutive blocks of `per_host` CPUs, wrapping round when the hosts
+    need more CPUs than there are (then hosts share cores, and the benchmark says so)."""
+    if per_host < 1 or per_host > len(allowed):
+        raise ValueError(f"--cores-per-host must be 1..{len(allowed)}")
+    blocks = [allowed[i:i + per_host] for i in range(0, len(allowed) - per_host + 1, per_host)]
+    return [",".join(map(str, blocks[i % len(blocks)])) for i in range(n)]
+
+
+def efficiency(compute_ms: float, step_ms: float) -> dict[str, float]:
+    """Pure. Scaling efficiency and exposed communication of one run against its compute-only reference."""
+    return {"efficiency": compute_ms / step_ms, "exposed_comm_ms": step_ms - compute_ms}
+
+
+def train_args(args: argparse.Namespace, model: str, out: Path) -> list[str]:
+    """train.py's flags for every corecpu run (the all-reduce path is the variant's)."""
+    return ["--model", model, "--data", args.data, "--max-steps", str(args.steps), "--batch-size",
+            str(args.batch_size), "--max-seq-len", str(args.max_seq_len), "--precision", args.precision,
+            "--log-every", "1", "--progress", "off", "--output-dir", str(out)]
+
+
+def trainer_args(args: argparse.Namespace, model: str, out_json: Path) -> list[str]:
+    """benchmarks/hf_trainer.py's flags: the tuned Trainer (length-grouped), same batch, steps and precision."""
+    return ["--model", model, "--data", args.data, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
+            "--max-seq-len", str(args.max_seq_len), "--precision", args.precision, "--group-by-length",
+            "--out-json", str(out_json)]
+
+
+# ---------------------------------------------------------------- running
+
+def bert_base(work: Path) -> Path:
+    """A BERT-base-shaped classifier (110M parameters, random init, MiniLM's 30,522-token vocabulary) on disk."""
+    target = work / "bert-base-random"
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from corecpu.training.modeling import default_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, num_labels=2))
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def rate_cache(work: Path, label: str) -> Path:
+    """A corecpu cache directory per link rate: everything of the user's cache but the all-reduce timing, which
+    must be measured on the link the run has (a real cluster has one network; here it changes run to run)."""
+    from corecpu import envvars
+
+    base, target = envvars.cache_dir(), work / f"cache-{label}"
+    if not target.exists():
+        target.mkdir(parents=True)
+        for entry in base.iterdir() if base.exists() else []:
+            if entry.name != "allreduce.json":
+                (target / entry.name).symlink_to(entry)
+    return target
+
+
+def _env(h: TwoHosts, extra: dict[str, str | None]) -> dict[str, str]:
+    venv = str(Path(sys.executable).parent.parent)
+    return h.full_env({"VIRTUAL_ENV": venv, "MASTER_ADDR": None, "MASTER_PORT": None, "OMP_NUM_THREADS": None,
+                       "MKL_NUM_THREADS": None, "KMP_AFFINITY": None, **extra})
+
+
+def variant_flags(variant: str, extra: dict[str, str]) -> list[str]:
+    """Pure. train.py flags of a corecpu variant: none for `corecpu`, --corecpu-args' for a named one, else
+    `corecpu:PATH` = --allreduce PATH."""
+    name = variant.partition(":")[2]
+    if not name:
+        return []
+    return harness.extra_args(extra[name])[1] if name in extra else ["--allreduce", name]
+
+
+def run_corecpu(h: TwoHosts, flags: list[str], noop: bool, model: str, args: argparse.Namespace, out: Path,
+                cache: Path, log: Path) -> dict[str, Any]:
+    script = [str(BENCH / "noop_allreduce.py"), str(ROOT / "train.py")] if noop else []
+    cmd = ["bash", str(ROOT / "launch.sh"), str(len(h.namespaces)), "-f", str(h.hostfile), *script,
+           *train_args(args, model, out), *flags]
+    with log.open("w") as fh:
+        r = subprocess.run(h.cmd_in(h.namespaces[0], cmd), env=_env(h, {"CORECPU_CACHE_DIR": str(cache)}), cwd=ROOT,
+                           stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=args.timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"corecpu run failed ({r.returncode}); see {log}:\n" + _tail(log))
+    steps, evals = harness.corecpu_records((out / "metrics.jsonl").read_text().splitlines())
+    resolved = json.loads((out / "config.json").read_text()).get("resolved", {})
+    return {"steps": steps, "evals": evals, "allreduce": resolved.get("allreduce"),
+            "allreduce_reason": resolved.get("allreduce_reason"), "command": cmd}
+
+
+def run_trainer(h: TwoHosts, noop: bool, model: str, args: argparse.Namespace, out_json: Path,
+                log: Path) -> dict[str, Any]:
+    n = len(h.namespaces)
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    script = [str(BENCH / "noop_allreduce.py")] if noop else []
+    env = _env(h, {"OMP_NUM_THREADS": str(args.cores_per_host), "GLOO_SOCKET_IFNAME": h.iface})
+    procs = []
+    with log.open("w") as fh:
+        for i, ns in enumerate(h.namespaces):
+            cmd = [torchrun, "--nnodes", str(n), "--node-rank", str(i), "--nproc-per-node", "1",
+                   "--master-addr", h.addresses[0], "--master-port", str(PORT), *script,
+                   str(BENCH / "hf_trainer.py"), *trainer_args(args, model, out_json)]
+            procs.append(subprocess.Popen(h.cmd_in(ns, cmd), env=env, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL))
+        deadline = time.monotonic() + args.timeout
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    if any(codes):
+        raise RuntimeError(f"Trainer run failed ({codes}); see {log}:\n" + _tail(log))
+    recorded = json.loads(out_json.read_text())
+    return {"steps": recorded["steps"], "evals": recorded["evals"], "allreduce": "gloo (DDP)", "command": cmd}
+
+
+def _tail(log: Path, lines: int = 25) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def probe_link(h: TwoHosts) -> dict[str, float]:
+    """TCP throughput host 0 -> host 1 for 2 s and the median round trip of a 1-byte ping-pong."""
+    server = subprocess.Popen(h.cmd_in(h.namespaces[1], [sys.executable, str(LINK_PROBE), "serve", h.addresses[1]]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        port = server.stdout.readline().strip()
+        r = subprocess.run(h.cmd_in(h.namespaces[0], [sys.executable, str(LINK_PROBE), "probe", h.addresses[1], port]),
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"link probe failed: {r.stderr[-2000:]}")
+        return json.loads(r.stdout)
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=10)
+        if server.poll() is None:
+            server.kill()
+
+
+@contextlib.contextmanager
+def cluster(n: int, args: argparse.Namespace) -> Iterator[tuple[TwoHosts, list[str]]]:
+    cpus = host_cpus(n, sorted(os.sched_getaffinity(0)), args.cores_per_host)
+    with fake_hosts(n, switch=True, cpus=cpus, skip=False) as h:
+        yield h, cpus
+
+
+def one_run(h: TwoHosts, variant: str, noop: bool, model: str, args: argparse.Namespace, run_dir: Path,
+            cache: Path) -> dict[str, Any]:
+    name = variant.replace(":", "-") + ("-noop" if noop else "")
+    log = run_dir / f"{name}.log"
+    start = time.perf_counter()
+    if variant == "trainer":
+        got = run_trainer(h, noop, model, args, run_dir / f"{name}.json", log)
+    else:
+        got = run_corecpu(h, variant_flags(variant, args.corecpu_extra), noop, model, args, run_dir / name, cache, log)
+    window = stats.timed_window(got["steps"], args.warmup, [e["step"] for e in got["evals"]])
+    return {"variant": variant, "noop": noop, "wall_s": time.perf_counter() - start, **window,
+            "allreduce": got.get("allreduce"), "allreduce_reason": got.get("allreduce_reason"),
+            "final_loss": got["steps"][-1]["loss"], "log": str(log), "command": got["command"],
+            "step_times": [b["t"] - a["t"] for a, b in zip(got["steps"], got["steps"][1:])]}
+
+
+def measure(args: argparse.Namespace, model: str, work: Path) -> list[dict[str, Any]]:
+    """Every host count: the link probe per rate, then per repeat the compute-only run and the run at each rate
+    of every variant (rates outer, variants inner, so a variant's runs are spread over the session)."""
+    raw: list[dict[str, Any]] = []
+    for n in args.host_counts:
+        with cluster(n, args) as (h, cpus):
+            print(f"== {n} hosts, CPU sets {cpus}", flush=True)
+            links = {}
+            for gbit in args.rates:
+                shape(h, gbit * 1000 if gbit else None)
+                links[gbit] = probe_link(h)
+                print(f"   link {gbit or 'unshaped'} Gb/s: {links[gbit]}", flush=True)
+            for rep in range(1, args.repeats + 1):
+                for gbit in [None, *args.rates]:  # None: the compute-only reference (link unshaped)
+                    label = "noop" if gbit is None else f"{gbit:g}g"
+                    shape(h, gbit * 1000 if gbit else None)
+                    run_dir = work / f"h{n}" / f"r{rep}" / label
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    cache = rate_cache(work, f"h{n}-{label}")
+                    for v in args.variant_list:
+                        r = one_run(h, v, gbit is None, model, args, run_dir, cache)
+                        r.update(hosts=n, cpus=cpus, gbit=gbit, repeat=rep, link=links.get(gbit))
+                        raw.append(r)
+                        print(f"   {label:>5} {v:<14} {r['ms_per_step']:8.0f} ms/step  ({r['allreduce']})", flush=True)
+            shape(h, None)
+    return raw
+
+
+def summarize(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians over repeats per (hosts, variant, rate), each with its compute-only reference's median."""
+    rows = []
+    keys = sorted({(r["hosts"], r["variant"]) for r in raw})
+    for n, v in keys:
+        mine = [r for r in raw if r["hosts"] == n and r["variant"] == v]
+        compute = statistics.median(r["ms_per_step"] for r in mine if r["noop"])
+        for gbit in sorted({r["gbit"] for r in mine if not r["noop"]}):
+            runs = [r for r in mine if r["gbit"] == gbit and not r["noop"]]
+            step = statistics.median(r["ms_per_step"] for r in runs)
+            rows.append({"hosts": n, "variant": v, "gbit": gbit, "compute_ms": compute, "step_ms": step,
+                         **efficiency(compute, step), "allreduce": runs[0]["allreduce"], "link": runs[0]["link"],
+                         "repeats": len(runs)})
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    out = ["| hosts | link | variant (path) | compute-only ms | step ms | exposed comm ms | efficiency |",
+           "|---:|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        link = f"{r['gbit']:g} Gb/s" if r["gbit"] else "unshaped"
+        measured = r["link"] or {}
+        if measured:
+            link += f" ({measured['gbit_s']:.2f} measured, RTT {measured['rtt_us']:.0f} us)"
+        out.append(f"| {r['hosts']} | {link} | {r['variant']} ({r['allreduce']}) | {r['compute_ms']:.0f} | "
+                   f"{r['step_ms']:.0f} | {r['exposed_comm_ms']:.0f} | {100 * r['efficiency']:.0f}% |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(args.report.read_text())["rows"]))
+        return
+    if shutil.which("tc") is None:
+        raise SystemExit("cluster.py: error: `tc` (iproute2) is needed to shape the links; apt-get install iproute2")
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-cluster-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = {"minilm": "default", "tiny": "tiny"}.get(args.model) or (
+        str(bert_base(work)) if args.model == "bert-base" else args.model)
+    print(f"cluster benchmark: {args.model}, hosts {args.host_counts}, links {args.rates} Gb/s, variants "
+          f"{args.variant_list}; outputs in {work}", flush=True)
+    raw = measure(args, model, work)
+    rows = summarize(raw)
+    from throughput import machine
+
+    result = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "work_dir", "report")},
+              "machine": machine(), "rows": rows, "raw": raw,
+              "method": "efficiency = compute-only step / step; compute-only = the same launch with DDP's gradient "
+                        "all-reduce a no-op (benchmarks/noop_allreduce.py); step = mean interval of steps W+1..S "
+                        "(rank 0's timestamps); medians over repeats"}
+    out = args.out or BENCH / "results" / f"cluster-{Path(args.model).name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(markdown(rows))
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""benchmarks/scale_model.py's all-reduce model and benchmarks/cluster.py's planning: pure functions."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks import harness
+
+sys.path.insert(0, str(harness.BENCH))  # cluster.py imports its siblings as a script does
+try:
+    from benchmarks import cluster, scale_model
+    from benchmarks.scale_model import BUCKET, FIRST_BUCKET, Job, Link, buckets, ring_s, step
+finally:
+    sys.path.remove(str(harness.BENCH))
+
+MB = 2**20
+
+
+def test_buckets_are_torchs_assignment_in_backward_order():
+    import torch
+    import torch.distributed as dist
+
+    # parameters in model order: a 30 MB embedding first, then layers of 4 and 2 MB (values of 4 bytes)
+    sizes = (30 * MB // 4,) + (MB, MB // 2) * 4
+    got = buckets(Job(compute_s=1.0, param_sizes=sizes), hosts=2)
+    reverse = [torch.empty(n) for n in reversed(sizes)]
+    index, _ = dist._compute_bucket_assignment_by_size(reverse, [FIRST_BUCKET, BUCKET], [False] * len(reverse))
+    assert [b for b, _ in got] == [sum(4 * reverse[i].numel() for i in bucket) for bucket in index]
+    assert got[-1] == (30 * MB + 22 * MB, 1.0)  # the last layers ride with the embedding, ready at the end
+    assert all(a[1] < b[1] for a, b in zip(got, got[1:]))  # ready one after another
+
+
+def test_sparse_embedding_is_sent_last_and_holds_the_union_of_rows():
+    sizes = (1000 * 16, 64, 64)
+    dense = buckets(Job(compute_s=1.0, param_sizes=sizes), hosts=2)
+    sparse = buckets(Job(compute_s=1.0, param_sizes=sizes, embedding_rows=(100, 16)), hosts=4)
+    assert sum(b for b, _ in dense) == 4 * sum(sizes)
+    assert sparse[-1] == (400 * 16 * 4, 1.0)  # 4 hosts x 100 rows, disjoint: the pessimistic case
+    capped = buckets(Job(compute_s=1.0, param_sizes=sizes, embedding_rows=(600, 16)), hosts=4)
+    assert capped[-1][0] == 1000 * 16 * 4  # never more than the vocabulary
+
+
+def test_ring_time_is_latency_plus_bytes_over_bandwidth():
+    link = Link(gbit_s=8.0, alpha_s=1e-4)  # 1 GB/s
+    assert ring_s(1e9, 1, link) == 0.0
+    assert ring_s(1e9, 2, link) == pytest.approx(2 * (1e-4 + 0.5))
+    assert ring_s(1e9, 4, link) == pytest.approx(6 * (1e-4 + 0.25))
+
+
+def test_a_slower_link_never_raises_efficiency_and_a_huge_one_approaches_one():
+    job = Job(compute_s=1.0, param_sizes=(3 * MB, *(MB,) * 20))
+    effs = [step(job, 4, Link(gbit_s=g, alpha_s=5e-5))["efficiency"] for g in (0.5, 1, 10, 100, 1e6)]
+    assert effs == sorted(effs) and effs[-1] > 0.99 and effs[0] < 0.5
+
+
+def test_exposed_time_is_at_least_the_last_bucket():
+    job = Job(compute_s=1.0, param_sizes=(40 * MB // 4, *(MB // 4,) * 4))
+    link = Link(gbit_s=1.0, alpha_s=0.0)
+    got = step(job, 2, link)
+    assert got["exposed_s"] >= ring_s(40 * MB, 2, link) - 1e-9
+    assert got["step_s"] == pytest.approx(1.0 + got["exposed_s"])
+
+
+def test_host_cpus_wrap_round_when_hosts_outnumber_cores():
+    assert cluster.host_cpus(2, [0, 1], 1) == ["0", "1"]
+    assert cluster.host_cpus(4, [0, 1], 1) == ["0", "1", "0", "1"]
+    assert cluster.host_cpus(2, [0, 1, 2, 3], 2) == ["0,1", "2,3"]
+    with pytest.raises(ValueError):
+        cluster.host_cpus(2, [0, 1], 3)
+
+
+def test_efficiency_and_summary_pair_each_run_with_its_compute_only_reference():
+    raw = [{"hosts": 2, "variant": "v", "noop": True, "gbit": None, "ms_per_step": 100.0, "allreduce": "x",
+            "link": None},
+           *({"hosts": 2, "variant": "v", "noop": False, "gbit": 1.0, "ms_per_step": ms, "allreduce": "gloo",
+              "link": {"gbit_s": 0.9, "rtt_us": 80.0}} for ms in (180.0, 200.0, 220.0))]
+    (row,) = cluster.summarize(raw)
+    assert row["compute_ms"] == 100.0 and row["step_ms"] == 200.0  # medians
+    assert row["efficiency"] == pytest.approx(0.5) and row["exposed_comm_ms"] == pytest.approx(100.0)
+    assert "| 2 | 1 Gb/s (0.90 measured, RTT 80 us) | v (gloo) | 100 | 200 | 100 | 50% |" in cluster.markdown([row])
+
+
+def test_the_node_table_assumptions_are_stated_in_the_module():
+    assert scale_model.NODE_CORES > scale_model.MEASURED_CORES
+    assert set(scale_model.MEASURED_RATE) == {"minilm", "bert-base"}
+    assert BUCKET == 25 * MB and FIRST_BUCKET == MB
+
+
+def test_corecpu_variants_name_a_path_or_the_flags_given():
+    extra = {"bf16wire": "--allreduce gloo --allreduce-dtype bf16"}
+    assert cluster.variant_flags("corecpu", extra) == []
+    assert cluster.variant_flags("corecpu:mpi", extra) == ["--allreduce", "mpi"]
+    assert cluster.variant_flags("corecpu:bf16wire", extra) == ["--allreduce", "gloo", "--allreduce-dtype", "bf16"]
