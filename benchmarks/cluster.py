@@ -59,7 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="minilm", help="minilm, bert-base (random init, MiniLM's vocabulary), tiny, or a "
                    "model directory")
-    p.add_argument("--data", default="paraphrase")
+    p.add_argument("--data", default="paraphrase", help="a built-in data set")
+    p.add_argument("--eval-rows", type=int, default=64, help="evaluate on this many of its eval split (the timing "
+                   "leaves evaluation out; fewer rows save wall time)")
     p.add_argument("--hosts", default="2,4", help="host counts, comma-separated (2..8)")
     p.add_argument("--gbits", default="1,10,25", help="link rates in Gb/s, comma-separated; 0 = unshaped")
     p.add_argument("--variants", default=",".join(VARIANTS),
@@ -108,21 +110,45 @@ def efficiency(compute_ms: float, step_ms: float) -> dict[str, float]:
     return {"efficiency": compute_ms / step_ms, "exposed_comm_ms": step_ms - compute_ms}
 
 
+def data_args(files: dict[str, str]) -> list[str]:
+    pair = ["--text-pair-column", "sentence2"] if files.get("pairs") else []
+    return ["--data", files["train"], "--eval-data", files["eval"], "--text-column", "sentence1", *pair,
+            "--label-column", "label"]
+
+
 def train_args(args: argparse.Namespace, model: str, out: Path) -> list[str]:
     """train.py's flags for every corecpu run (the all-reduce path is the variant's)."""
-    return ["--model", model, "--data", args.data, "--max-steps", str(args.steps), "--batch-size",
+    return ["--model", model, *data_args(args.files), "--max-steps", str(args.steps), "--batch-size",
             str(args.batch_size), "--max-seq-len", str(args.max_seq_len), "--precision", args.precision,
             "--log-every", "1", "--progress", "off", "--output-dir", str(out)]
 
 
 def trainer_args(args: argparse.Namespace, model: str, out_json: Path) -> list[str]:
     """benchmarks/hf_trainer.py's flags: the tuned Trainer (length-grouped), same batch, steps and precision."""
-    return ["--model", model, "--data", args.data, "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
+    return ["--model", model, *data_args(args.files), "--max-steps", str(args.steps), "--batch-size", str(args.batch_size),
             "--max-seq-len", str(args.max_seq_len), "--precision", args.precision, "--group-by-length",
             "--out-json", str(out_json)]
 
 
 # ---------------------------------------------------------------- running
+
+def write_data(name: str, eval_rows: int, work: Path) -> dict[str, str]:
+    """The built-in's train split and the first `eval_rows` of its eval split as JSONL, read alike by both tools."""
+    from corecpu.data.sources import load_data
+
+    files = {}
+    for split, limit in (("train", None), ("eval", eval_rows)):
+        data = load_data(name, split=split)
+        path = work / f"{split}.jsonl"
+        with path.open("w", encoding="utf-8") as fh:
+            for i in range(len(data) if limit is None else min(limit, len(data))):
+                row = {"sentence1": data.texts[i], "label": data.label_names[data.labels[i]]}
+                if data.text_pairs is not None:
+                    row["sentence2"] = data.text_pairs[i]
+                fh.write(json.dumps(row) + "\n")
+        files[split], files["pairs"] = str(path), "1" if data.text_pairs is not None else ""
+    return files
+
 
 def bert_base(work: Path) -> Path:
     """A BERT-base-shaped classifier (110M parameters, random init, MiniLM's 30,522-token vocabulary) on disk."""
@@ -324,11 +350,12 @@ def main(argv: list[str] | None = None) -> None:
         str(bert_base(work)) if args.model == "bert-base" else args.model)
     print(f"cluster benchmark: {args.model}, hosts {args.host_counts}, links {args.rates} Gb/s, variants "
           f"{args.variant_list}; outputs in {work}", flush=True)
+    args.files = write_data(args.data, args.eval_rows, work)
     raw = measure(args, model, work)
     rows = summarize(raw)
     from throughput import machine
 
-    result = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "work_dir", "report")},
+    result = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "work_dir", "report", "files")},
               "machine": machine(), "rows": rows, "raw": raw,
               "method": "efficiency = compute-only step / step; compute-only = the same launch with DDP's gradient "
                         "all-reduce a no-op (benchmarks/noop_allreduce.py); step = mean interval of steps W+1..S "

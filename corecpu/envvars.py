@@ -40,6 +40,8 @@ LOG_TEE = "CORECPU_LOG_TEE"  # --tee SPEC (torchrun's): streams to the file and 
 LOG_RANKS_FILTER = "CORECPU_LOG_RANKS_FILTER"  # --local-ranks-filter: only these local ranks on the console
 JOB_DIR = "CORECPU_JOB_DIR"  # a directory per job where ranks on the launcher's host leave records (cluster.job_records)
 
+# Set by the user, read by the plan (corecpu.bind, setup()): the malloc ranks preload, auto|tcmalloc|jemalloc|system.
+ALLOCATOR = "CORECPU_ALLOCATOR"
 # Set by the user. Where corecpu caches (precision calibrations, tokenized data, the IPEX tier's env).
 CACHE_DIR = "CORECPU_CACHE_DIR"
 # Set by the user, read by launch.sh: a package index holding the CPU build of torch.
@@ -56,7 +58,7 @@ TEST_WORKERS = "CORECPU_TEST_WORKERS"
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
 ALL = (BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, LOG_REDIRECTS, LOG_TEE,
-       LOG_RANKS_FILTER, JOB_DIR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
+       LOG_RANKS_FILTER, JOB_DIR, ALLOCATOR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        CCL_STRESS_STEPS, TEST_WORKERS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 

@@ -57,7 +57,8 @@ def plan_rank(info: LaunchInfo, environ: Mapping[str, str], topology: Topology |
     if topology is None:
         topology = read_topology(allowed_from_cpuset=True, env=environ)
     if request is None:
-        request = PlanRequest(backend=plan_backend(environ), binding=plan_binding(environ, topology=topology)[0])
+        request = PlanRequest(backend=plan_backend(environ), binding=plan_binding(environ, topology=topology)[0],
+                              allocator=environ.get(envvars.ALLOCATOR, "auto"))
     # The launcher decides how many ranks exist; the plan can only make them fit.
     request = replace(request, nproc=info.local_world_size, allow_oversubscribe=True)
     plan = make_plan(topology, request)
@@ -100,7 +101,8 @@ class NodePlan:
     def for_rank(self) -> tuple[Plan, RankPlan] | None:
         """(plan, this rank's share), or None when planning failed (said once on stderr)."""
         try:
-            request = PlanRequest(backend=plan_backend(self.environ), binding=self.binding[0])
+            request = PlanRequest(backend=plan_backend(self.environ), binding=self.binding[0],
+                                  allocator=self.environ.get(envvars.ALLOCATOR, "auto"))
             return plan_rank(self.info, self.environ, request=request)
         except Exception as exc:  # planning is an optimisation in a running rank, never a reason to stop
             print(f"corecpu: warning: could not plan CPU binding ({exc}); dividing cores evenly", file=sys.stderr)

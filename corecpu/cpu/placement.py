@@ -20,13 +20,14 @@ from corecpu.cpu import busy_threads
 from corecpu.cpu.ccl_workers import ccl_environment
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
 from corecpu.cpu.rank_placement import RankPlan
-from corecpu.cpu.topology import Topology
+from corecpu.cpu.topology import Libraries, Topology
 
 KMP_AFFINITY = "granularity=fine,compact,1,0"
 # core: each rank pinned to its own cores (right when the CPUs are the job's alone).
 # numa: each rank may run anywhere on its NUMA node(s), with the same thread count: the scheduler can move
 # a rank off a core a neighbour's process landed on, instead of halving that rank and the whole job.
 BINDINGS = ("core", "numa")
+ALLOCATORS = ("auto", "tcmalloc", "jemalloc", "system")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class PlanRequest:
     numa_nodes: tuple[int, ...] | None = None  # restrict to these nodes
     allow_oversubscribe: bool = False  # more ranks than CPUs: 1 thread each, CPUs shared
     binding: str = "core"  # one of BINDINGS
+    allocator: str = "auto"  # one of ALLOCATORS (CORECPU_ALLOCATOR): which malloc the ranks preload
 
     @property
     def ccl_worker_count(self) -> int:
@@ -367,6 +369,23 @@ def _widen_to_nodes(topology: Topology, ranks: list[RankPlan], allowed: set[int]
     return widened
 
 
+def chosen_allocator(asked: str, libs: Libraries) -> str | None:
+    """The allocator library to preload: `auto` preloads the one found (tcmalloc before jemalloc), `system`
+    none (glibc's malloc), a name that library, which must be installed."""
+    if asked not in ALLOCATORS:
+        raise CoreCPUError(f"{envvars.ALLOCATOR}={asked!r} is not one of {', '.join(ALLOCATORS)}")
+    if asked == "system":
+        return None
+    if asked == "auto":
+        return libs.allocator
+    found = libs.tcmalloc if asked == "tcmalloc" else libs.jemalloc
+    if found is None:
+        package = "libtcmalloc-minimal4" if asked == "tcmalloc" else "libjemalloc2"
+        raise CoreCPUError(f"{envvars.ALLOCATOR}={asked} but no lib{asked} was found; install {package} (apt) or "
+                           f"unset {envvars.ALLOCATOR}")
+    return found
+
+
 def _environment(topology: Topology, request: PlanRequest, ranks: list[RankPlan], workers: int,
                  throttled: bool = False) -> dict[str, str]:
     env: dict[str, str] = {"I_MPI_PIN_DOMAIN": pin_domain(tuple(ranks))}
@@ -392,7 +411,7 @@ def _environment(topology: Topology, request: PlanRequest, ranks: list[RankPlan]
     else:
         env["OMP_PROC_BIND"] = "close"
         env["OMP_PLACES"] = "threads" if request.use_logical_cores else "cores"
-    preload = [p for p in (libs.allocator, libs.iomp5) if p]
+    preload = [p for p in (chosen_allocator(request.allocator, libs), libs.iomp5) if p]
     if preload:
         env["LD_PRELOAD"] = ":".join(preload)
     return env

@@ -343,7 +343,8 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             print(shlex.join(plan.command))
             print(f"# this host's plan for {plan.local_ranks} local rank(s)")
             request = PlanRequest(nproc=plan.local_ranks, allow_oversubscribe="--oversubscribe" in plan.command,
-                                  binding=plan.env.get(envvars.BINDING, "core"))
+                                  binding=plan.env.get(envvars.BINDING, "core"),
+                                  allocator=os.environ.get(envvars.ALLOCATOR, "auto"))
             try:
                 sys.stdout.write(make_plan(detect_topology(), request).to_shell())
             except CoreCPUError as exc:  # the command above is still worth seeing

@@ -242,6 +242,18 @@ def test_jemalloc_when_no_tcmalloc(topos):
     assert env["LD_PRELOAD"] == "/l/libjemalloc.so.2" and env["OMP_PROC_BIND"] == "close"
 
 
+def test_allocator_asked_for_by_name_or_none(topos):
+    both = replace(topos["two_socket"], libraries=Libraries("/l/libtcmalloc.so.4", "/l/libjemalloc.so.2", None))
+    assert make_plan(both, PlanRequest(allocator="jemalloc")).env["LD_PRELOAD"] == "/l/libjemalloc.so.2"
+    assert "LD_PRELOAD" not in make_plan(both, PlanRequest(allocator="system")).env
+    only_je = replace(topos["two_socket"], libraries=Libraries(None, "/l/libjemalloc.so.2", None))
+    with pytest.raises(CoreCPUError, match=r"CORECPU_ALLOCATOR=tcmalloc but no libtcmalloc was found; install "
+                                           r"libtcmalloc-minimal4"):
+        make_plan(only_je, PlanRequest(allocator="tcmalloc"))
+    with pytest.raises(CoreCPUError, match=r"CORECPU_ALLOCATOR='mimalloc' is not one of auto, tcmalloc"):
+        make_plan(only_je, PlanRequest(allocator="mimalloc"))
+
+
 def test_membind_only_within_one_node_and_with_numactl(topos):
     t = replace(topos["two_socket"], numactl="/usr/bin/numactl")
     plan = make_plan(t, PlanRequest())
