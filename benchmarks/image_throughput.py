@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -44,6 +45,7 @@ LEVERS = {"plain": ("cl", "bf16", "compile", "jemalloc", "tcmalloc", "split"),
 PLAIN_FLAGS = {"cl": "--channels-last", "bf16": "--bf16", "compile": "--compile"}
 CORECPU_FLAGS = {"cl": ["--channels-last", "on"], "nocl": ["--channels-last", "off"], "bf16": ["--precision", "bf16"],
                  "fp32": ["--precision", "fp32"], "compile": ["--compile"]}
+PACKAGES = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}  # Debian's, for a missing allocator
 EXAMPLE = harness.ROOT / "examples" / "image_classification.py"
 
 
@@ -99,16 +101,17 @@ def command(variant: str, args: argparse.Namespace, run_dir: Path, libs: dict[st
     ranks = args.split_ranks if "split" in levers else 1
     if args.batch_size % ranks:
         return f"--batch-size {args.batch_size} does not split over {ranks} ranks"
-    common = ["--model", args.model, "--image-size", str(args.image_size), "--batch-size", str(args.batch_size // ranks),
-              "--steps", str(args.steps), "--warmup", str(args.warmup), "--eval-size", str(args.eval_size)]
+    common = ["--model", args.model, "--image-size", str(args.image_size),
+              "--batch-size", str(args.batch_size // ranks), "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--eval-size", str(args.eval_size)]
     if base == "corecpu":
         flags = [w for x in levers for w in CORECPU_FLAGS.get(x, [])]
         out = run_dir / variant.replace("+", "-")
         return [str(harness.ROOT / "launch.sh"), str(ranks), str(EXAMPLE), *common, *flags, "--out", str(out)], env
+    missing = [x for x in levers if x in libs and libs[x] is None]
+    if missing:
+        return f"no lib{missing[0]} found (apt-get install {PACKAGES[missing[0]]})"
     preload = [libs[x] for x in levers if x in libs]
-    if None in preload:
-        missing = [x for x in levers if x in libs and libs[x] is None]
-        return f"no lib{missing[0]} found (apt-get install {'libjemalloc2' if missing[0] == 'jemalloc' else 'libtcmalloc-minimal4'})"
     run_env = {**env, "LD_PRELOAD": ":".join(preload)} if preload else env
     script = [str(harness.BENCH / "plain_image.py"), *common, *(PLAIN_FLAGS[x] for x in levers if x in PLAIN_FLAGS)]
     if ranks == 1:
@@ -128,7 +131,8 @@ def read_log(text: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return steps, found[-1]
 
 
-def run_once(variant: str, cmd: list[str], env: dict[str, str], run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_once(variant: str, cmd: list[str], env: dict[str, str], run_dir: Path,
+             args: argparse.Namespace) -> dict[str, Any]:
     log = run_dir / f"{variant.replace('+', '-')}.log"
     wall, load_before = run_logged(variant, cmd, log, env, args.timeout)
     steps, summary = read_log(log.read_text())
@@ -141,10 +145,16 @@ def run_once(variant: str, cmd: list[str], env: dict[str, str], run_dir: Path, a
 
 
 def summarize(raw: list[dict[str, Any]], order: list[str]) -> dict[str, Any]:
+    """stats.summarize's medians and ratios, plus MFU: against the run's own precision's matmul rate (corecpu's
+    definition) and, for bf16 runs, against the fp32 rate of the same ranks x threads: on a CPU without bf16
+    instructions the bf16 matmul is far slower than fp32's, and a share of it flatters the run."""
     result = stats.summarize(raw, order, baseline=BASELINE)
+    fp32 = {(r["ranks"], r["threads"]): r["matmul_flops"] for r in raw if r["precision"] == "fp32"}
     for v, m in result["medians"].items():
         runs = [r for r in raw if r["variant"] == v]
-        m["mfu"] = sorted(r["mfu"] for r in runs)[len(runs) // 2]
+        m["mfu"] = statistics.median(r["mfu"] for r in runs)
+        rate = fp32.get((runs[0]["ranks"], runs[0]["threads"]))
+        m["mfu_fp32"] = m["samples_per_s"] * runs[0]["flops_per_sample"] / rate if rate else None
         m.update({k: runs[0][k] for k in ("precision", "channels_last", "compile", "ranks", "threads", "ld_preload")})
     return result
 
@@ -154,17 +164,19 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"**{cfg['model']}, {cfg['image_size']} px, global batch {cfg['batch_size']}, {cfg['steps']} steps (first "
              f"{cfg['warmup']} untimed), median of {cfg['repeats']} interleaved repeats | CPU: {mach['cpu_model']} "
              f"({mach['usable_cpus']} CPUs, {cfg['numa_nodes']} NUMA node(s); {stats.flags_text(mach['cpu_flags'])})**",
-             "", "| variant | precision | channels_last | compile | ranks x threads | allocator | samples/s | min-max | "
-             "vs plain | eval acc | MFU |", "|---|---|---|---|---|---|---:|---:|---:|---:|---:|"]
+             "", "| variant | precision | channels_last | compile | ranks x threads | allocator | samples/s | "
+             "min-max | vs plain | eval acc | MFU | MFU of fp32's rate |",
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for v, m in result["medians"].items():
         r = result["ratios"].get(v)
         alloc = Path(m["ld_preload"].split(":")[0]).name if m.get("ld_preload") else "glibc"
         ratio = f"{r['throughput']:.2f}x" if r else "-"
+        of_fp32 = f"{100 * m['mfu_fp32']:.1f}%" if m.get("mfu_fp32") else "-"
         lines.append(f"| {v} | {m['precision']} | {'on' if m['channels_last'] else 'off'} | "
                      f"{'on' if m['compile'] else 'off'} | {m['ranks']} x {m['threads']} | {alloc} | "
                      f"{m['samples_per_s']:.2f} | {m['samples_per_s_min']:.2f}-{m['samples_per_s_max']:.2f} | "
                      f"{ratio} | "
-                     f"{m['eval_accuracy']:.3f} | {100 * m['mfu']:.1f}% |")
+                     f"{m['eval_accuracy']:.3f} | {100 * m['mfu']:.1f}% | {of_fp32} |")
     notes = [cfg["split_note"], *(f"{v}: skipped, {why}" for v, why in result.get("skipped", {}).items())]
     return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
 

@@ -57,7 +57,8 @@ class SyntheticImages(Dataset):
         # Disjoint item seeds per (seed, split), below 2**32: torch's CPU generator keeps only 32 bits of a seed.
         self.first_seed = (seed * 2 + (split == "eval")) * 2**24
         if size > 2**24 or self.first_seed >= 2**32 - 2**24:
-            raise SystemExit(f"image_classification.py: error: {size} images at seed {seed}: use < 2**24 and seed < 128")
+            raise SystemExit(f"image_classification.py: error: {size} images at seed {seed}; "
+                             "use fewer than 2**24 images and a seed below 128")
 
     def __len__(self) -> int:
         return self.size
@@ -160,7 +161,7 @@ def job_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main() -> None:
     p = job_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"),
-                   help="auto: on (oneDNN runs convolutions on CPU in NHWC)")
+                   help="auto: on (oneDNN's CPU convolutions work in NHWC; image_throughput.py measures both)")
     p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"))
     p.add_argument("--compile", action="store_true", help="torch.compile the model (through corecpu.setup)")
     p.add_argument("--log-every", type=int, default=1)

@@ -147,3 +147,21 @@ def test_read_log_takes_the_step_lines_and_the_summary(bench) -> None:
     assert summary["eval_accuracy"] == 0.5
     with pytest.raises(RuntimeError):
         bench.read_log("no records")
+
+
+def test_summary_gives_bf16_runs_a_share_of_the_fp32_rate_too(bench) -> None:
+    def run(variant: str, precision: str, rate: float, matmul: float) -> dict:
+        window = {"samples_per_s": rate, "ms_per_step": 1.0, "wall_s": 10.0, "eval_accuracy": 0.5, "eval_f1": 0.0,
+                  "final_loss": 1.0, "loss_ok": True}
+        return {"variant": variant, **window, "mfu": rate * 100 / matmul, "flops_per_sample": 100.0,
+                "matmul_flops": matmul, "precision": precision, "channels_last": False, "compile": False,
+                "ranks": 1, "threads": 2, "ld_preload": None}
+
+    result = bench.summarize([run("plain", "fp32", 10.0, 4000.0), run("plain+bf16", "bf16", 5.0, 50.0)],
+                             ["plain", "plain+bf16"])
+    bf16 = result["medians"]["plain+bf16"]
+    assert bf16["mfu"] == pytest.approx(10.0) and bf16["mfu_fp32"] == pytest.approx(5.0 * 100 / 4000.0)
+    assert result["ratios"]["plain+bf16"]["throughput"] == pytest.approx(0.5)
+    assert "| 1000.0% | 12.5% |" in bench.markdown({**result, "skipped": {}, "config": {
+        "model": "tiny", "image_size": 32, "batch_size": 8, "steps": 4, "warmup": 3, "repeats": 1, "numa_nodes": 1,
+        "split_note": "x"}, "machine": {"cpu_model": "c", "usable_cpus": 2, "cpu_flags": {}}})
