@@ -165,8 +165,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"{cfg['warmup']} untimed), median of {cfg['repeats']} interleaved repeats | CPU: {mach['cpu_model']} "
              f"({mach['usable_cpus']} CPUs, {cfg['numa_nodes']} NUMA node(s); {stats.flags_text(mach['cpu_flags'])})**",
              "", "| variant | precision | channels_last | compile | ranks x threads | allocator | samples/s | "
-             "min-max | vs plain | eval acc | MFU | MFU of fp32's rate |",
-             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "min-max | vs plain | final loss | eval acc | MFU | MFU of fp32's rate |",
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for v, m in result["medians"].items():
         r = result["ratios"].get(v)
         alloc = Path(m["ld_preload"].split(":")[0]).name if m.get("ld_preload") else "glibc"
@@ -176,6 +176,7 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{'on' if m['compile'] else 'off'} | {m['ranks']} x {m['threads']} | {alloc} | "
                      f"{m['samples_per_s']:.2f} | {m['samples_per_s_min']:.2f}-{m['samples_per_s_max']:.2f} | "
                      f"{ratio} | "
+                     f"{m['final_loss']:.3f}{'' if m['loss_ok_all'] else ' NOT FINITE'} | "
                      f"{m['eval_accuracy']:.3f} | {100 * m['mfu']:.1f}% | {of_fp32} |")
     notes = [cfg["split_note"], *(f"{v}: skipped, {why}" for v, why in result.get("skipped", {}).items())]
     return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"

@@ -162,6 +162,6 @@ def test_summary_gives_bf16_runs_a_share_of_the_fp32_rate_too(bench) -> None:
     bf16 = result["medians"]["plain+bf16"]
     assert bf16["mfu"] == pytest.approx(10.0) and bf16["mfu_fp32"] == pytest.approx(5.0 * 100 / 4000.0)
     assert result["ratios"]["plain+bf16"]["throughput"] == pytest.approx(0.5)
-    assert "| 1000.0% | 12.5% |" in bench.markdown({**result, "skipped": {}, "config": {
+    assert "| 1.000 | 0.500 | 1000.0% | 12.5% |" in bench.markdown({**result, "skipped": {}, "config": {
         "model": "tiny", "image_size": 32, "batch_size": 8, "steps": 4, "warmup": 3, "repeats": 1, "numa_nodes": 1,
         "split_note": "x"}, "machine": {"cpu_model": "c", "usable_cpus": 2, "cpu_flags": {}}})
