@@ -165,18 +165,24 @@ def machine() -> dict[str, Any]:
             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespace,
-             env: dict[str, str]) -> dict[str, Any]:
-    log = run_dir / f"{variant.replace(':', '-')}.log"
+def run_logged(variant: str, cmd: list[str], log: Path, env: dict[str, str], timeout: float) -> tuple[float, float]:
+    """Run `cmd` from the repository, its output to `log`: (wall seconds, the load average before). A failure
+    raises with the log's last lines."""
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, cwd=harness.ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                              timeout=args.timeout)
+        proc = subprocess.run(cmd, cwd=harness.ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-25:])
         raise RuntimeError(f"{variant} exited with {proc.returncode}; last lines of {log}:\n{tail}")
+    return wall, load_before
+
+
+def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespace,
+             env: dict[str, str]) -> dict[str, Any]:
+    log = run_dir / f"{variant.replace(':', '-')}.log"
+    wall, load_before = run_logged(variant, cmd, log, env, args.timeout)
     extra: dict[str, Any] = {}
     if variant.startswith("corecpu"):
         out = run_dir / variant.replace(":", "-")

@@ -45,3 +45,17 @@ def test_causal_lm_same_losses_on_1x8_and_2x4_and_learns(tmp_path):
     p1, p2 = perplexities(one), perplexities(two)
     assert len(p1) == 2 and p1 == pytest.approx(p2, rel=1e-4)
     assert p1[1] < p1[0] / 2  # far better than the untrained model's ~257 after 12 steps
+
+
+def test_image_classification_trains_reports_accuracy_and_resumes(tmp_path):
+    common = ["examples/image_classification.py", "--model", "tiny", "--image-size", "32", "--precision", "fp32",
+              "--batch-size", "4", "--eval-size", "30", "--out", str(tmp_path / "run")]
+    first = launch(2, *common, "--steps", "3").stdout
+    rows = [json.loads(line) for line in first.splitlines() if line.startswith("{")]
+    assert [(r["step"], r["samples"]) for r in rows if "loss" in r] == [(1, 8), (2, 8), (3, 8)]
+    summary = rows[-1]
+    assert summary["summary"] and summary["ranks"] == 2 and summary["eval_examples"] == 30  # every image once
+    assert 0 <= summary["eval_accuracy"] <= 1 and summary["flops_per_sample"] > 0 and summary["matmul_flops"] > 0
+    assert (tmp_path / "run" / "checkpoints" / "step-00000003").is_dir()  # saved at the last step
+    rest = losses(launch(2, *common, "--steps", "5", "--resume").stdout)
+    assert sorted(rest) == [4, 5]
