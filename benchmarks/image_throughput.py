@@ -7,13 +7,14 @@
 
 A variant is BASE[+LEVER...]. BASE `plain` is benchmarks/plain_image.py, one process on all cores; `corecpu`
 is ./launch.sh 1 examples/image_classification.py with its defaults (channels_last on, precision auto,
-eager, the allocator its plan finds and preloads). Levers:
+eager, the allocator its plan finds and preloads; +jemalloc, +tcmalloc, +system set CORECPU_ALLOCATOR). Levers:
   cl        channels_last (corecpu: --channels-last on, its default)    nocl  corecpu: --channels-last off
   bf16      bf16 autocast (corecpu: --precision bf16)                   fp32  corecpu: --precision fp32
   compile   torch.compile
   jemalloc, tcmalloc  plain: LD_PRELOAD of the library corecpu's plan finds (libjemalloc.so.2,
             libtcmalloc_minimal.so.4 from the system's packages); the variant is skipped, with the
-            reason printed, where it is absent. corecpu always preloads what its plan finds.
+            reason printed, where it is absent. corecpu: CORECPU_ALLOCATOR=jemalloc|tcmalloc.
+  system    corecpu: CORECPU_ALLOCATOR=system (glibc's malloc, nothing preloaded)
   split     --split-ranks ranks (default: one per NUMA node where there are several, else 2 ranks of
             half the CPUs each): plain under torchrun --numa-split, corecpu as ./launch.sh N (its plan binds)
 Held equal: model and initialisation, images, global batch (--batch-size, split over the ranks), SGD, lr,
@@ -41,7 +42,7 @@ BASELINE = "plain"
 DEFAULT_VARIANTS = ("plain", "plain+cl", "plain+bf16", "plain+compile", "plain+jemalloc", "plain+tcmalloc",
                     "plain+split", "corecpu", "corecpu+split")
 LEVERS = {"plain": ("cl", "bf16", "compile", "jemalloc", "tcmalloc", "split"),
-          "corecpu": ("cl", "nocl", "bf16", "fp32", "compile", "split")}
+          "corecpu": ("cl", "nocl", "bf16", "fp32", "compile", "split", "jemalloc", "tcmalloc", "system")}
 PLAIN_FLAGS = {"cl": "--channels-last", "bf16": "--bf16", "compile": "--compile"}
 CORECPU_FLAGS = {"cl": ["--channels-last", "on"], "nocl": ["--channels-last", "off"], "bf16": ["--precision", "bf16"],
                  "fp32": ["--precision", "fp32"], "compile": ["--compile"]}
@@ -104,13 +105,16 @@ def command(variant: str, args: argparse.Namespace, run_dir: Path, libs: dict[st
     common = ["--model", args.model, "--image-size", str(args.image_size),
               "--batch-size", str(args.batch_size // ranks), "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--eval-size", str(args.eval_size)]
-    if base == "corecpu":
-        flags = [w for x in levers for w in CORECPU_FLAGS.get(x, [])]
-        out = run_dir / variant.replace("+", "-")
-        return [str(harness.ROOT / "launch.sh"), str(ranks), str(EXAMPLE), *common, *flags, "--out", str(out)], env
     missing = [x for x in levers if x in libs and libs[x] is None]
     if missing:
         return f"no lib{missing[0]} found (apt-get install {PACKAGES[missing[0]]})"
+    if base == "corecpu":
+        flags = [w for x in levers for w in CORECPU_FLAGS.get(x, [])]
+        out = run_dir / variant.replace("+", "-")
+        # corecpu's plan preloads the allocator itself: CORECPU_ALLOCATOR says which (auto: the one it finds)
+        allocator = next((x for x in levers if x in ("jemalloc", "tcmalloc", "system")), None)
+        run_env = {**env, "CORECPU_ALLOCATOR": allocator} if allocator else env
+        return [str(harness.ROOT / "launch.sh"), str(ranks), str(EXAMPLE), *common, *flags, "--out", str(out)], run_env
     preload = [libs[x] for x in levers if x in libs]
     run_env = {**env, "LD_PRELOAD": ":".join(preload)} if preload else env
     script = [str(harness.BENCH / "plain_image.py"), *common, *(PLAIN_FLAGS[x] for x in levers if x in PLAIN_FLAGS)]
