@@ -68,7 +68,8 @@ def train(rank: int, world: int, mode: str, accum: int, wire: str, comm: object)
         opt.step()
         opt.zero_grad(set_to_none=True)
     # The rows this rank touched in each step (its ids; row 0, padding, has no gradient and is not among them).
-    local = [sorted({int(i) for ids, _ in data[s * accum:(s + 1) * accum] for i in ids.flatten()}) for s in range(STEPS)]
+    local = [sorted({int(i) for ids, _ in data[s * accum:(s + 1) * accum] for i in ids.flatten()})
+             for s in range(STEPS)]
     return {"grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
             "sparse": str(wrapped.sparse), "unions": unions, "local_rows": local,
             "dense_steps": wrapped.sparse_rows.dense_steps if wrapped.sparse_rows else 0,
