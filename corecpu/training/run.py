@@ -52,6 +52,7 @@ from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import gradient_path, mpi_init
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
+from corecpu.distributed.sparse_rows import SparseChoice
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog
 from corecpu.training.checkpoint_state import LoopState
@@ -137,6 +138,16 @@ class Run:
         wrapped = self._wrapped.get()
         return wrapped.resumed if wrapped else None
 
+    @property
+    def sparse_embedding(self) -> SparseChoice:
+        """Whether the word embedding's gradient is all-reduced by the rows touched, and why; settled by wrap()."""
+        wrapped = self._wrapped.get()
+        if wrapped is not None:
+            return wrapped.sparse
+        if self.world_size < 2 or self.options.sparse_embedding_allreduce == "off":
+            return SparseChoice("off", "single process" if self.world_size < 2 else "requested")
+        return SparseChoice(self.options.sparse_embedding_allreduce, "settled when the model is wrapped")
+
     def describe(self) -> dict[str, str]:
         """Every resolved choice and why, for the start-up lines, config.json and checkpoints."""
         p = self.precision
@@ -152,6 +163,7 @@ class Run:
             "ipex": ("off" if self.ipex is None else
                      f"{'ipex.optimize' if self.ipex.usable else 'not used'} ({self.ipex.reason})"),
             "compile": "torch.compile" if self.options.compile else "off",
+            "sparse_embedding_allreduce": str(self.sparse_embedding),
         }
 
     def banner(self) -> list[str]:
@@ -170,7 +182,7 @@ class Run:
         return {"backend": self.backend, "allreduce": self.allreduce, "threads": self.threads,
                 "precision": p.name if p else None, "bf16_speedup": p.bf16_speedup if p else None,
                 "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size,
-                "binding": self.binding}
+                "binding": self.binding, "sparse_embedding_allreduce": self.sparse_embedding.name}
 
     # ------------------------------------------------------------ model
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, *,
@@ -191,7 +203,8 @@ class Run:
             restore=lambda ckpt: ckpt.restore(model, optimizer, scheduler, resolved=resolved, is_main=self.is_main,
                                               untimed=self._clock.untimed),
             use_ipex=self.uses_ipex, compile=self.options.compile,
-            ddp_hook=self._gradient_path if self.world_size > 1 else None)
+            ddp_hook=self._gradient_path if self.world_size > 1 else None,
+            sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype)
         self._wrapped.set(wrapped)
         return wrapped.model, optimizer
 
@@ -359,7 +372,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     """Detect the launcher, bind threads and CPUs, create the process group; decide once.
 
     `options` (or keyword overrides of its fields): backend auto|gloo|ccl|mpi (process group); allreduce
-    auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; precision auto|fp32|bf16; threads (0: this rank's cores); ipex auto|off;
+    auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; sparse_embedding_allreduce auto|on|off (the word
+    embedding's gradient by the rows some rank touched); precision auto|fp32|bf16; threads (0: this rank's cores); ipex auto|off;
     compile; dist_timeout; step_timeout (the watchdog run.steps() runs).
     graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, and run.steps() saves and exits at the
     next step boundary (run.steps() turns it on itself when it runs in the main thread).

@@ -14,7 +14,7 @@ from typing import Any
 
 from corecpu.compute import IPEX_CHOICES, PRECISIONS
 from corecpu.cpu.sharing import BINDING_CHOICES
-from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS
+from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, SPARSE_EMBEDDING_CHOICES
 from corecpu.errors import CoreCPUError
 
 
@@ -41,6 +41,10 @@ class RunOptions:
     allreduce_dtype: str = opt("fp32", "what gradients travel as: fp32, or bf16 (half the bytes; rounds each "
                                "rank's gradient to bf16 before summing; shm, gloo, ccl; MPI has no bf16 sum)",
                                choices=ALLREDUCE_DTYPES, defines_run=True)
+    sparse_embedding_allreduce: str = opt("auto", "all-reduce only the input word embedding's rows some rank "
+                                          "touched, not the whole tensor (same sums; MiniLM: about half the bytes "
+                                          "per step); auto: where that embedding is trainable, untied and has at "
+                                          "least 4096 rows", choices=SPARSE_EMBEDDING_CHOICES)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",

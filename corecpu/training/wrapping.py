@@ -3,6 +3,7 @@
     precision (settled on the loader's shapes, agreed by every rank)
     -> resume from the checkpointer, into the plain model and optimizer
     -> ipex.optimize -> a forward that autocasts -> torch.compile -> DDP with the chosen gradient path
+       (the word embedding's gradient, where sparse_rows applies, outside DDP's buckets: its touched rows)
 
 `Wrapped` is that result, frozen; wrap() creates it once and the run's steps read it (the model whose
 gradients they sync, the checkpointer they save through on a stop signal, the resume position).
@@ -24,6 +25,7 @@ from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.distributed.process_group import gather_objects
+from corecpu.distributed.sparse_rows import SparseChoice, SparseRows, decide as decide_sparse
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
@@ -42,6 +44,8 @@ class Wrapped:
     model: torch.nn.Module  # DDP, compiled, IPEX as applied
     precision: PrecisionChoice  # settled on the model's shapes and agreed across ranks
     checkpoints: Checkpoints | None
+    sparse: SparseChoice = SparseChoice("off", "single process")  # the word embedding's rows (sparse_rows)
+    sparse_rows: SparseRows | None = None  # its reducer when on
 
     @property
     def resumed(self) -> LoopState | None:
@@ -92,9 +96,11 @@ def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, 
 def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any, *,
                precision: PrecisionChoice, checkpoint: Checkpoints | None,
                restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
-               ddp_hook: Callable[[], Any] | None) -> tuple[Wrapped, torch.optim.Optimizer | None]:
+               ddp_hook: Callable[[], Any] | None, sparse_embedding: str = "off",
+               wire: str = "fp32") -> tuple[Wrapped, torch.optim.Optimizer | None]:
     """Apply the steps in the module docstring's order. `restore(checkpoint)` loads the resume point into the
-    plain model and optimizer; `ddp_hook()` (None for one process) gives the gradient path to register."""
+    plain model and optimizer; `ddp_hook()` (None for one process) gives the gradient path to register.
+    `sparse_embedding` auto|on|off: the word embedding's touched rows outside DDP (sparse_rows), sent as `wire`."""
     if checkpoint is not None:
         restore(checkpoint)
     if use_ipex:
@@ -106,17 +112,23 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     if compile:
         # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]
+    sparse, rows = SparseChoice("off", "single process"), None
     if ddp_hook is not None:
         # Broadcasting buffers costs a collective before every forward; only running statistics
         # (batch norm) change during training, and only they need rank 0's copy each step.
         # Gradients written straight into the all-reduce buckets save a copy of every gradient.
         sync = {"forward_sync_buffers" if _DDP_HAS_FORWARD_SYNC else "broadcast_buffers": _has_running_stats(model)}
         _keep_frozen_weights_shared(model)
+        sparse, weight = decide_sparse(sparse_embedding, unwrap(model))
+        if weight is not None:  # its gradient goes by the rows touched, not in DDP's buckets
+            _ignore_in_ddp(model, [n for n, p in model.named_parameters() if p is weight])
         model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
         ddp_hook().register(model)  # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own
+        if weight is not None:
+            rows = SparseRows(weight, wire).attach(model)  # broadcasts rank 0's embedding, which DDP now skips
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
-    return Wrapped(model=model, precision=precision, checkpoints=checkpoint), optimizer
+    return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows), optimizer
 
 
 def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
@@ -132,7 +144,13 @@ def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
     with torch.no_grad():
         checksum = [(float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p))) for _, p in frozen]
     if len({tuple(c) for c in gather_objects(checksum)}) == 1:  # reading pages shares them; writing would not
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in frozen])
+        _ignore_in_ddp(model, [n for n, _ in frozen])
+
+
+def _ignore_in_ddp(model: torch.nn.Module, names: list[str]) -> None:
+    """Add `names` to the parameters DDP leaves alone (torch's setter replaces the list; this adds to it)."""
+    before = list(getattr(model, "_ddp_params_and_buffers_to_ignore", ()))
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, before + names)
 
 
 def _has_running_stats(model: torch.nn.Module) -> bool:

@@ -20,6 +20,9 @@ def test_two_ranks_through_the_front_door_agree(tmp_path):
     assert result["total"] == [2.0, 1.0]
     assert result["type"] == "DistributedDataParallel"
     assert result["describe"]["backend"].startswith("gloo") and result["resolved"]["world_size"] == 2
+    # A plain nn.Module has no word embedding: the sparse all-reduce's auto leaves it all to DDP, and says why.
+    assert result["describe"]["sparse_embedding_allreduce"].startswith("off (the model names no input word embedding")
+    assert result["resolved"]["sparse_embedding_allreduce"] == "off"
 
 
 def test_a_process_group_made_before_setup_is_used_and_left_to_its_maker(tmp_path):

@@ -4,41 +4,16 @@ rank ends the job (the choice and the comm thread: tests/unit/distributed/test_a
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
 
 import pytest
 
-from helpers.common import ROOT, WORKERS, free_port
-
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun on PATH (pip install impi-rt)")
-
-
-def mpirun(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        env.pop(var, None)
-    # Own session, so a hung job can be killed whole: mpirun, hydra proxy and ranks.
-    proc = subprocess.Popen(["mpirun", "-n", "2", sys.executable, str(WORKERS / "mpi_hook.py"),
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"mpirun {' '.join(args)} did not end within {timeout:g}s")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+from helpers.spawn import mpirun, needs_mpirun
 
 
 @needs_mpirun
 def test_mpi_hook_gives_bit_identical_parameters_to_gloo(tmp_path):
     out = tmp_path / "compare.json"
-    proc = mpirun("compare", str(out), timeout=300)
+    proc = mpirun("mpi_hook.py", "compare", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     reports = json.loads(out.read_text())
     assert [r["rank"] for r in reports] == [0, 1]
@@ -55,6 +30,6 @@ def test_mpi_hook_gives_bit_identical_parameters_to_gloo(tmp_path):
 @needs_mpirun
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_rank_dying_mid_allreduce_ends_the_job(how):
-    proc = mpirun(how, timeout=240)
+    proc = mpirun("mpi_hook.py", how, timeout=240)
     assert proc.returncode != 0
     assert "finished training" not in proc.stdout

@@ -47,6 +47,7 @@ def test_setup_reads_each_launcher_once_without_a_process_group(clean_env, launc
         d = run.describe()
         assert d["backend"].startswith("none") and d["allreduce"].startswith("none")
         assert d["precision"].startswith("fp32") and d["ipex"] == "off"
+        assert d["sparse_embedding_allreduce"] == "off (single process)"  # nothing to all-reduce
         assert run.threads >= 1 and str(run.threads) in d["threads"]
         assert run.resolved()["precision"] == "fp32"
 

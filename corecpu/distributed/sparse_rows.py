@@ -1,0 +1,182 @@
+"""All-reduce only the word-embedding rows some rank touched (`sparse_embedding_allreduce`).
+
+A BERT-sized model's largest gradient is its input word embedding (MiniLM: 30,522 x 384 of its 22.7M
+parameters, 47 MB in fp32), and in a step almost all of its rows are zero on every rank: a batch of
+16 x ~50 tokens touches a few hundred distinct ids. DDP all-reduces the whole tensor anyway, and since
+that gradient is the last one backward computes, its bucket's all-reduce is never hidden behind compute.
+Here the weight is taken out of DDP's buckets, and when DDP syncs, the union of the rows any rank touched
+is all-reduced instead:
+
+    rows with any nonzero -> every rank's count, then its padded row ids (two small all_gathers)
+    -> the union (sorted, unique) -> all-reduce grad[union], divided by the world size as DDP does
+    -> written back
+
+Rows outside the union are zero on every rank, so their sum is zero: the result is the dense all-reduce's.
+For 2 ranks it is the same bits (a/2 + b/2 either way); for more, each element's sum may be added in
+another order than in DDP's bucket (where it sits in the tensor decides that), so equal up to fp32 rounding.
+
+It applies where the input embedding (`get_input_embeddings()`) is trainable and not tied to another
+weight (a tied output layer makes every row's gradient nonzero), and under `auto` only where it is large
+(MIN_ROWS). Importing this module starts nothing; `SparseRows` does its work inside backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from corecpu.distributed import ALLREDUCE_DTYPES, SPARSE_EMBEDDING_CHOICES
+from corecpu.errors import CoreCPUError
+
+MIN_ROWS = 4096  # auto: a vocabulary smaller than this is a small share of the bytes; DDP keeps it
+# Above this share of the rows a step all-reduces the whole gradient instead. The sparse path moves the union's
+# rows once on the wire and twice through memory (index_select, index_copy_); on a link as fast as memory (shared
+# memory inside a host) the three cost alike, so it saves only while the union is under a third of the rows.
+DENSE_ABOVE = 1 / 3
+
+
+@dataclass(frozen=True)
+class SparseChoice:
+    """Whether the embedding's rows are reduced sparsely, and why: config.json's `decisions` entry."""
+
+    name: str  # "on" | "off"
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def embedding_weight(model: torch.nn.Module) -> tuple[torch.nn.Parameter | None, str]:
+    """The input word embedding's weight where the sparse reduction can apply, else None; and why, either way."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get() if callable(get) else None
+    except NotImplementedError:
+        embedding = None
+    weight = getattr(embedding, "weight", None)
+    if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2:
+        return None, "the model names no input word embedding (get_input_embeddings())"
+    if not weight.requires_grad:
+        return None, "the input embedding is frozen: no gradient to reduce"
+    if getattr(embedding, "sparse", False):
+        return None, "the embedding makes sparse gradients itself (sparse=True)"
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is weight]
+    if len(names) > 1:
+        return None, f"the input embedding is tied to {names[1]} (its gradient is dense)"
+    if not any(p.requires_grad and p is not weight for p in model.parameters()):
+        return None, "the input embedding is the only trainable weight"
+    return weight, f"word embedding {weight.shape[0]} x {weight.shape[1]}"
+
+
+def decide(requested: str, model: torch.nn.Module) -> tuple[SparseChoice, torch.nn.Parameter | None]:
+    """The choice for `model` (the user's module, unwrapped, about to be wrapped in DDP) and the weight to reduce
+    when on. `on` where it cannot apply is a CoreCPUError naming why; `auto` skips it there and below MIN_ROWS rows."""
+    if requested not in SPARSE_EMBEDDING_CHOICES:
+        raise CoreCPUError(f"sparse_embedding_allreduce must be one of {', '.join(SPARSE_EMBEDDING_CHOICES)}, "
+                           f"got {requested!r}")
+    if requested == "off":
+        return SparseChoice("off", "requested"), None
+    weight, why = embedding_weight(model)
+    if weight is None:
+        if requested == "on":
+            raise CoreCPUError(f"sparse_embedding_allreduce is on but {why}; use auto or off")
+        return SparseChoice("off", why), None
+    if requested == "auto" and weight.shape[0] < MIN_ROWS:
+        return SparseChoice("off", f"{why}: under {MIN_ROWS} rows, a small share of the bytes"), None
+    return SparseChoice("on", f"{why}: only the rows some rank touched are all-reduced"
+                        + (" (requested)" if requested == "on" else "")), weight
+
+
+def touched_rows(grad: torch.Tensor) -> torch.Tensor:
+    """The ids (int64, sorted) of the rows of `grad` with any nonzero; NaN counts as nonzero."""
+    return grad.ne(0).any(dim=1).nonzero().flatten()
+
+
+def union_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The sorted, unique union of every rank's row ids."""
+    if not parts:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.unique(torch.cat([p.to(torch.int64) for p in parts]), sorted=True)
+
+
+class SparseRows:
+    """Reduces `weight`'s gradient by its touched rows when DDP syncs. Collective: every rank makes one, at
+    the same point, after its model is wrapped in DDP (`attach(ddp)`).
+
+    The all-reduces go over a gloo group of their own: the index gathers and rows are small (MiniLM: under
+    1 MB a step), so the MPI and shared-memory paths' comm thread is not needed for them, and a group of their
+    own never interleaves them with DDP's bucket all-reduces, whatever order ranks reach them in."""
+
+    def __init__(self, weight: torch.nn.Parameter, wire: str = "fp32", group: Any = None) -> None:
+        if wire not in ALLREDUCE_DTYPES:
+            raise CoreCPUError(f"all-reduce dtype {wire!r} is not one of: {', '.join(ALLREDUCE_DTYPES)}")
+        self.weight = weight
+        self.wire = torch.bfloat16 if wire == "bf16" else None  # None: the gradient's own dtype, as DDP sends it
+        self.group = group if group is not None else dist.new_group(backend="gloo")
+        self.world = dist.get_world_size(self.group)
+        self.last_union: int | None = None  # rows all-reduced at the last sync (tests, counting)
+        self.dense_steps = 0  # syncs whose union was over DENSE_ABOVE of the rows
+        self._sync_armed = False
+        with torch.no_grad():  # DDP broadcasts rank 0's weights at start-up, but not an ignored one's
+            dist.broadcast(weight.detach(), src=dist.get_global_rank(self.group, 0), group=self.group)
+        self._hooks = [weight.register_post_accumulate_grad_hook(self._reduce)]
+
+    def attach(self, ddp: torch.nn.Module) -> "SparseRows":
+        """Follow `ddp`'s no_sync: DDP decides at forward whether the coming backward syncs, and so does this.
+        On a no_sync micro-step the gradient just accumulates; the sync step reduces every micro-step's rows."""
+        def arm(module: torch.nn.Module, args: Any) -> None:
+            self._sync_armed = torch.is_grad_enabled() and bool(getattr(module, "require_backward_grad_sync", True))
+
+        self._hooks.append(ddp.register_forward_pre_hook(arm))
+        return self
+
+    def _reduce(self, param: torch.Tensor) -> None:
+        """After backward accumulated the gradient (inside backward): on a sync step, all-reduce its touched rows."""
+        if not self._sync_armed or param.grad is None:
+            return
+        self._sync_armed = False
+        grad = param.grad
+        union = self._union(touched_rows(grad))
+        self.last_union = int(union.numel())
+        if union.numel() > DENSE_ABOVE * grad.shape[0]:
+            self.dense_steps += 1
+            self._average(grad)
+        elif union.numel():
+            rows = grad.index_select(0, union)
+            grad.index_copy_(0, union, self._average(rows))
+
+    def _union(self, rows: torch.Tensor) -> torch.Tensor:
+        """Collective: every rank's touched rows, as one sorted union (counts first, then padded ids)."""
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(counts, torch.tensor([rows.numel()], dtype=torch.int64), group=self.group)
+        width = max(int(c) for c in counts)
+        if width == 0:
+            return rows
+        padded = torch.full((width,), -1, dtype=torch.int64)
+        padded[:rows.numel()] = rows
+        gathered = [torch.empty(width, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(gathered, padded, group=self.group)
+        return union_rows([g[:int(c)] for g, c in zip(gathered, counts)])
+
+    def _average(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Collective: the mean over ranks, in place, computed as DDP's own path computes it: fp32 scales each
+        rank's values by 1/world before summing (DDP's reducer); bf16 rounds to bf16, divides, sums and copies
+        back (torch's bf16_compress_hook)."""
+        if self.wire is None:
+            dist.all_reduce(tensor.mul_(1.0 / self.world), group=self.group)
+            return tensor
+        wire = tensor.to(self.wire).div_(self.world)
+        dist.all_reduce(wire, group=self.group)
+        return tensor.copy_(wire)
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+
+__all__ = ["DENSE_ABOVE", "MIN_ROWS", "SparseChoice", "SparseRows", "decide", "embedding_weight", "touched_rows",
+           "union_rows"]
