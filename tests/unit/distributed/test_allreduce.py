@@ -188,3 +188,30 @@ def test_mpi_and_torch_disagreeing_on_the_world_is_an_error():
 def test_the_comm_thread_cpu_comes_from_the_environment_it_is_given():
     assert comm_cpu_of({"CORECPU_COMM_CPU": "12"}) == 12
     assert comm_cpu_of({"CORECPU_COMM_CPU": ""}) is None and comm_cpu_of({}) is None
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_ddp_on_gloo_takes_the_wire_dtype_on_a_cpu_only_torch(wire):
+    """torch refuses its bf16_compress_hook by name without CUDA or XPU; corecpu's registration must still work
+    on CPU, and bf16 on the wire must round the averaged gradient to bf16 (one rank: the gradient itself)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from corecpu.distributed.allreduce import ProcessGroupAllreduce
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 8)
+        ddp = DistributedDataParallel(layer)
+        ProcessGroupAllreduce(wire).register(ddp)
+        x = torch.randn(4, 8)
+        ddp(x).square().sum().backward()
+        reference = torch.nn.Linear(8, 8)
+        reference.load_state_dict(layer.state_dict())
+        reference(x).square().sum().backward()
+        expected = reference.weight.grad if wire == "fp32" else reference.weight.grad.to(torch.bfloat16).float()
+        assert torch.equal(layer.weight.grad, expected)
+        assert wire == "fp32" or not torch.equal(layer.weight.grad, reference.weight.grad)
+    finally:
+        dist.destroy_process_group()
