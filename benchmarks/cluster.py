@@ -50,7 +50,9 @@ import harness  # noqa: E402
 import stats  # noqa: E402
 from helpers.netns import TwoHosts, fake_hosts, shape  # noqa: E402
 
-VARIANTS = ("corecpu", "corecpu:gloo", "corecpu:mpi", "trainer")
+VARIANTS = ("corecpu", "corecpu:dense", "corecpu:gloo", "trainer")
+# Named corecpu variants beside `corecpu:PATH` (= --allreduce PATH); --corecpu-args adds more.
+NAMED = {"dense": "--sparse-embedding-allreduce off"}  # the whole embedding gradient in DDP's buckets
 PORT = 29611
 LINK_PROBE = BENCH / "link_probe.py"
 
@@ -85,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.host_counts = [int(x) for x in args.hosts.split(",")]
     args.rates = [float(x) for x in args.gbits.split(",")]
     args.variant_list = [v.strip() for v in args.variants.split(",") if v.strip()]
-    args.corecpu_extra = harness.parse_corecpu_args(args.corecpu_args)
+    args.corecpu_extra = {**NAMED, **harness.parse_corecpu_args(args.corecpu_args)}
     for v in args.variant_list:
         if v not in ("corecpu", "trainer") and not v.startswith("corecpu:"):
             p.error(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)} or corecpu:PATH")
@@ -200,8 +202,10 @@ def variant_flags(variant: str, extra: dict[str, str]) -> list[str]:
 def run_corecpu(h: TwoHosts, flags: list[str], noop: bool, model: str, args: argparse.Namespace, out: Path,
                 cache: Path, log: Path) -> dict[str, Any]:
     script = [str(BENCH / "noop_allreduce.py"), str(ROOT / "train.py")] if noop else []
+    # Compute-only: the embedding's rows would otherwise still cross the network beside DDP.
+    sparse_off = ["--sparse-embedding-allreduce", "off"] if noop else []
     cmd = ["bash", str(ROOT / "launch.sh"), str(len(h.namespaces)), "-f", str(h.hostfile), *script,
-           *train_args(args, model, out), *flags]
+           *train_args(args, model, out), *flags, *sparse_off]
     with log.open("w") as fh:
         r = subprocess.run(h.cmd_in(h.namespaces[0], cmd), env=_env(h, {"CORECPU_CACHE_DIR": str(cache)}), cwd=ROOT,
                            stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=args.timeout)
@@ -210,7 +214,8 @@ def run_corecpu(h: TwoHosts, flags: list[str], noop: bool, model: str, args: arg
     steps, evals = harness.corecpu_records((out / "metrics.jsonl").read_text().splitlines())
     resolved = json.loads((out / "config.json").read_text()).get("resolved", {})
     return {"steps": steps, "evals": evals, "allreduce": resolved.get("allreduce"),
-            "allreduce_reason": resolved.get("allreduce_reason"), "command": cmd}
+            "allreduce_reason": resolved.get("allreduce_reason"),
+            "sparse_embedding": resolved.get("sparse_embedding_allreduce"), "command": cmd}
 
 
 def run_trainer(h: TwoHosts, noop: bool, model: str, args: argparse.Namespace, out_json: Path,
@@ -276,6 +281,7 @@ def one_run(h: TwoHosts, variant: str, noop: bool, model: str, args: argparse.Na
     window = stats.timed_window(got["steps"], args.warmup, [e["step"] for e in got["evals"]])
     return {"variant": variant, "noop": noop, "wall_s": time.perf_counter() - start, **window,
             "allreduce": got.get("allreduce"), "allreduce_reason": got.get("allreduce_reason"),
+            "sparse_embedding": got.get("sparse_embedding", "off"),
             "final_loss": got["steps"][-1]["loss"], "log": str(log), "command": got["command"],
             "step_times": [b["t"] - a["t"] for a, b in zip(got["steps"], got["steps"][1:])]}
 
@@ -320,6 +326,7 @@ def summarize(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             step = statistics.median(r["ms_per_step"] for r in runs)
             rows.append({"hosts": n, "variant": v, "gbit": gbit, "compute_ms": compute, "step_ms": step,
                          **efficiency(compute, step), "allreduce": runs[0]["allreduce"], "link": runs[0]["link"],
+                         "sparse_embedding": runs[0].get("sparse_embedding", "off"),
                          "repeats": len(runs)})
     return rows
 
@@ -332,7 +339,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         measured = r["link"] or {}
         if measured:
             link += f" ({measured['gbit_s']:.2f} measured, RTT {measured['rtt_us']:.0f} us)"
-        out.append(f"| {r['hosts']} | {link} | {r['variant']} ({r['allreduce']}) | {r['compute_ms']:.0f} | "
+        path = r["allreduce"] + (", sparse rows" if r.get("sparse_embedding") == "on" else "")
+        out.append(f"| {r['hosts']} | {link} | {r['variant']} ({path}) | {r['compute_ms']:.0f} | "
                    f"{r['step_ms']:.0f} | {r['exposed_comm_ms']:.0f} | {100 * r['efficiency']:.0f}% |")
     return "\n".join(out)
 
