@@ -288,7 +288,8 @@ def one_run(h: TwoHosts, variant: str, noop: bool, model: str, args: argparse.Na
 
 def measure(args: argparse.Namespace, model: str, work: Path) -> list[dict[str, Any]]:
     """Every host count: the link probe per rate, then per repeat the compute-only run and the run at each rate
-    of every variant (rates outer, variants inner, so a variant's runs are spread over the session)."""
+    of every variant (rates outer, variants inner, so a variant's runs are spread over the session; the order
+    of the rates rotates from repeat to repeat)."""
     raw: list[dict[str, Any]] = []
     for n in args.host_counts:
         with cluster(n, args) as (h, cpus):
@@ -298,8 +299,10 @@ def measure(args: argparse.Namespace, model: str, work: Path) -> list[dict[str, 
                 shape(h, gbit * 1000 if gbit else None)
                 links[gbit] = probe_link(h)
                 print(f"   link {gbit or 'unshaped'} Gb/s: {links[gbit]}", flush=True)
+            labels: list[float | None] = [None, *args.rates]  # None: the compute-only reference (link unshaped)
             for rep in range(1, args.repeats + 1):
-                for gbit in [None, *args.rates]:  # None: the compute-only reference (link unshaped)
+                shift = (rep - 1) % len(labels)  # each repeat starts elsewhere: no link always runs first
+                for gbit in labels[shift:] + labels[:shift]:
                     label = "noop" if gbit is None else f"{gbit:g}g"
                     shape(h, gbit * 1000 if gbit else None)
                     run_dir = work / f"h{n}" / f"r{rep}" / label

@@ -3,8 +3,13 @@
 Which path is fastest depends on the machine (gloo's TCP loopback, Intel MPI's shared-memory ring,
 DeepSpeed's shared-memory op, oneCCL) and on how busy it is, so no CPU flag can say. At start-up
 every rank all-reduces one gradient bucket (DDP's default 25 MB of fp32) through each candidate,
-interleaved, a few times; the path whose slowest rank's median is lowest wins, so a path that
-measured slower is never picked, and gloo is always among the candidates. The answer is cached per
+interleaved, a few times, each while the rank computes beside it (a block of matrix multiplies, as backward
+computes while DDP's buckets travel); the path whose slowest rank's median is lowest wins, so a path that
+measured slower is never picked, and gloo is always among the candidates. Timed alone, a path that polls
+the network from a comm thread can look fastest and still lose in training where that thread shares the
+rank's only core with compute: on two 1-CPU network-namespace hosts at 10 Gb/s, alone shm 38.4, MPI 41.4
+and gloo 54.8 ms a bucket, yet MiniLM steps spent 222 ms a step exposed to the shared-memory path and
+16 ms to gloo's (benchmarks/cluster.py). The answer is cached per
 CPU model, world size, ranks per host, threads, candidate set and load (whether launch.sh found CPUs
 busy at start) (in ~/.cache/corecpu/allreduce.json, read by rank 0 and shared), so
 only the first run on a kind of machine pays the ~1 s.
@@ -26,8 +31,11 @@ if TYPE_CHECKING:
 
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb: what one gradient all-reduce moves
 REPEATS = 3
+# Compute beside each timed all-reduce: about what backward spends on one bucket's worth of layers (MiniLM on
+# one core: ~600 ms of backward for 4 buckets; on 16 threads about a tenth of that).
+BESIDE_MS = 50.0
 CACHE_FILE = "allreduce.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: timed beside compute
 
 
 def pick(timings: Sequence[Mapping[str, float]], order: Sequence[str]) -> tuple[str, str]:
@@ -40,13 +48,34 @@ def pick(timings: Sequence[Mapping[str, float]], order: Sequence[str]) -> tuple[
     worst = {p: max(t[p] for t in timings) for p in order}
     best = min(order, key=lambda p: (worst[p], order.index(p)))
     text = ", ".join(f"{p} {worst[p]:.1f} ms" for p in sorted(order, key=lambda p: worst[p]))
-    return best, f"measured one {BUCKET_BYTES >> 20} MB bucket: {text}"
+    return best, f"measured one {BUCKET_BYTES >> 20} MB bucket beside compute: {text}"
+
+
+def compute_block(target_ms: float = BESIDE_MS) -> Callable[[], None]:
+    """A callable that keeps this rank's threads busy with matrix multiplies for about `target_ms`."""
+    import torch
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(8):
+        torch.mm(a, b)
+    per = (time.perf_counter() - start) / 8
+    count = max(1, round(target_ms / 1000 / max(per, 1e-6)))
+
+    def run() -> None:
+        for _ in range(count):
+            torch.mm(a, b)
+    return run
 
 
 def measure(paths: Mapping[str, Callable[["torch.Tensor"], Any]], barrier: Callable[[], None],
-            numel: int = BUCKET_BYTES // 4, repeats: int = REPEATS) -> dict[str, float]:
+            numel: int = BUCKET_BYTES // 4, repeats: int = REPEATS,
+            beside: Callable[[], None] | None = None) -> dict[str, float]:
     """Collective: median ms of one all-reduce per path (`paths[p](buf)` returns something to .wait() on),
-    interleaved, after one untimed warm-up each."""
+    interleaved, after one untimed warm-up each. With `beside`, this thread runs it between starting the
+    all-reduce and waiting for it, and the time covers both: a path that slows compute, or that compute
+    slows, shows."""
     import torch
 
     buf = torch.ones(numel, dtype=torch.float32)
@@ -55,7 +84,10 @@ def measure(paths: Mapping[str, Callable[["torch.Tensor"], Any]], barrier: Calla
         for name, allreduce in paths.items():
             barrier()  # every rank starts together: the time is the collective's, not a late rank's
             start = time.perf_counter()
-            allreduce(buf).wait()
+            work = allreduce(buf)
+            if beside is not None:
+                beside()
+            work.wait()
             if round_:
                 times[name].append((time.perf_counter() - start) * 1000)
     return {p: statistics.median(v) for p, v in times.items()}
@@ -98,7 +130,7 @@ def choose_by_measurement(order: Sequence[str], make_paths: Callable[[], Mapping
     if known is not None:
         return known[0], known[1] + " (cached)"
     with notices.phase(f"timing the gradient all-reduce on {', '.join(order)} (once per kind of machine)"):
-        timings = gather(measure(make_paths(), barrier))
+        timings = gather(measure(make_paths(), barrier, beside=compute_block()))
     choice, why = pick(timings, order)
     if rank == 0:
         remember(key, choice, timings)
