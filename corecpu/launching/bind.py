@@ -72,7 +72,7 @@ def prepare(argv: Sequence[str], environ: dict[str, str]) -> tuple[list[str], di
     if args.backend is None:  # what the user asked the launcher for (./launch.sh 2 --backend ccl)
         request = replace(request, backend=plan_backend(environ))
     binding, binding_reason = plan_binding(environ, args.binding or "auto")
-    request = replace(request, binding=binding)
+    request = replace(request, binding=binding, allocator=environ.get(envvars.ALLOCATOR, "auto"))
     if request.nproc != "auto" and request.nproc != info.local_world_size and not info.launched:
         raise CoreCPUError(
             f"--nproc {request.nproc} but no launcher started this process, so it is 1 rank; "

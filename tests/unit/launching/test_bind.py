@@ -116,6 +116,15 @@ def test_ld_preload_keeps_users_entries(two_socket, tmp_path):
     assert "tcmalloc" in parts[0] and parts[-1] == "/opt/mine.so"
 
 
+def test_corecpu_allocator_system_preloads_nothing_of_ours(two_socket, tmp_path):
+    lib = tmp_path / "venv/lib"
+    lib.mkdir(parents=True)
+    (lib / "libtcmalloc.so.4").write_text("")
+    _, env, _, _ = prepare(["--sysfs", str(two_socket), *CMD],
+                           ompi(0, 2, VIRTUAL_ENV=str(tmp_path / "venv"), CORECPU_ALLOCATOR="system"))
+    assert "LD_PRELOAD" not in env
+
+
 def fake_numactl(bin_dir: Path, works: bool) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     exe = bin_dir / "numactl"
