@@ -19,8 +19,10 @@ The model (pure functions below, tested in tests/unit/test_scale_model.py):
   is later. Backward is `backward_share` of the compute-only step (measured by benchmarks/phases.py; the
   forward pass and the optimizer come before and after and hide nothing). The embedding's gradient is
   backward's last: its bucket is never hidden.
-- exposed = finish of the last all-reduce - end of backward (at least 0); step = compute-only step + exposed;
-  efficiency = compute-only step / step.
+- exposed = finish of the last all-reduce - end of backward (at least 0); step = compute-only step + exposed
+  + the network stack's CPU time where it shares the compute cores (--check: the fake hosts have one core
+  each, and the TCP copies of every byte sent and received run there; charged at the CPU-bound rate of the
+  fastest link probe); efficiency = compute-only step / step.
 """
 
 from __future__ import annotations
@@ -33,12 +35,19 @@ from pathlib import Path
 from typing import Sequence
 
 FIRST_BUCKET, BUCKET = 2**20, 25 * 2**20  # DDP's defaults (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 25 MB)
+VOCAB = 30522  # MiniLM's and BERT-base's word embedding rows
+# Rows of the word embedding one rank's batch touches (MiniLM's tokenizer, `paraphrase`, 16 pairs a batch: mean 191,
+# counted by benchmarks/sparse_rows_count.py); the sparse all-reduce sends the union over the ranks.
+SPARSE_ROWS_PER_RANK = 191
 
 
 @dataclass(frozen=True)
 class Link:
     gbit_s: float       # usable bandwidth each way
     alpha_s: float      # per ring step: one message's latency and software cost
+    cpu_s_per_byte: float = 0.0  # the network stack's CPU per byte sent or received, where it runs on a core that
+    #                              also computes (here: 1 / the CPU-bound TCP throughput of one stream); 0 where
+    #                              a spare core or the NIC carries it
 
 
 @dataclass(frozen=True)
@@ -96,8 +105,12 @@ def step(job: Job, hosts: int, link: Link) -> dict[str, float]:
         net_free = max(net_free, start_of_backward + ready * backward) + t
     end_of_backward = start_of_backward + backward
     exposed = max(0.0, net_free - end_of_backward)
-    total = job.compute_s + exposed
-    return {"step_s": total, "exposed_s": exposed, "allreduce_s": total_comm, "efficiency": job.compute_s / total}
+    # A ring host sends and receives 2(N-1)/N of every bucket; where that costs compute cores, it adds to the step.
+    moved = 2 * 2 * (hosts - 1) / hosts * sum(b for b, _ in buckets(job, hosts)) if hosts > 1 else 0.0
+    stack = moved * link.cpu_s_per_byte
+    total = job.compute_s + stack + exposed
+    return {"step_s": total, "exposed_s": exposed + stack, "stack_cpu_s": stack, "allreduce_s": total_comm,
+            "efficiency": job.compute_s / total}
 
 
 # ---------------------------------------------------------------- checking against measured runs
@@ -120,17 +133,21 @@ def model_sizes(spec: str) -> tuple[int, ...]:
     return tuple(p.numel() for p in model.parameters())
 
 
-def check(result: dict, backward_share: float) -> list[dict[str, float | str]]:
-    """Each measured (hosts, variant, link) row against the model fed its compute-only time and measured link."""
+def check(result: dict, backward_share: float, cpu_per_byte: float = 1.0) -> list[dict[str, float | str]]:
+    """Each measured (hosts, variant, link) row against the model fed its compute-only time and measured link.
+    `cpu_per_byte` scales the stack's cost (0: leave it out)."""
     sizes = model_sizes(result["config"]["model"])
     rows = []
     for r in result["rows"]:
         if not r.get("link"):
             continue
-        link = Link(gbit_s=min(r["link"]["gbit_s"], r["gbit"] or math.inf), alpha_s=r["link"]["rtt_us"] * 1e-6)
-        sparse = r.get("embedding_rows")
+        # The fastest probe of that cluster is CPU-bound (the shaper let more through): its rate is the stack's cost.
+        peak = max(x["link"]["gbit_s"] for x in result["rows"] if x["hosts"] == r["hosts"] and x.get("link"))
+        link = Link(gbit_s=min(r["link"]["gbit_s"], r["gbit"] or math.inf), alpha_s=r["link"]["rtt_us"] * 1e-6,
+                    cpu_s_per_byte=cpu_per_byte * 8 / (peak * 1e9))
+        sparse = r.get("sparse_embedding") == "on"
         job = Job(compute_s=r["compute_ms"] / 1e3, param_sizes=sizes, backward_share=backward_share,
-                  embedding_rows=tuple(sparse) if sparse else None)
+                  embedding_rows=(SPARSE_ROWS_PER_RANK, sizes[0] // VOCAB) if sparse else None)
         got = step(job, r["hosts"], link)
         rows.append({"hosts": r["hosts"], "variant": r["variant"], "gbit": r["gbit"], "measured": r["efficiency"],
                      "predicted": got["efficiency"], "error": got["efficiency"] / r["efficiency"] - 1})
@@ -157,7 +174,7 @@ def predict_table(sizes: dict[str, tuple[int, ...]], nodes: Sequence[int] = (2, 
                 for wire in (4, 2):
                     job = Job(compute_s=compute, param_sizes=params, bytes_per_value=wire,
                               backward_share=backward_share,
-                              embedding_rows=(PER_NODE_BATCH * 40, int(params[0] / 30522)) if sparse else None)
+                              embedding_rows=(PER_NODE_BATCH * 40, params[0] // VOCAB) if sparse else None)
                     for n in nodes:
                         got = step(job, n, Link(gbit_s=gbit * usable, alpha_s=alpha_us * 1e-6))
                         rows.append({"model": model, "gbit": gbit, "sparse": sparse, "wire": "fp32" if wire == 4
@@ -171,11 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", type=Path, action="append", default=[], help="a cluster.py result file")
     p.add_argument("--predict", action="store_true")
     p.add_argument("--backward-share", type=float, default=0.6)
+    p.add_argument("--no-stack-cpu", action="store_true", help="--check without the network stack's CPU cost")
     args = p.parse_args(argv)
     for path in args.check:
         print(f"{path}: measured vs predicted efficiency")
         print("| hosts | link Gb/s | variant | measured | predicted | error |\n|---:|---:|---|---:|---:|---:|")
-        for r in check(json.loads(path.read_text()), args.backward_share):
+        for r in check(json.loads(path.read_text()), args.backward_share, 0.0 if args.no_stack_cpu else 1.0):
             print(f"| {r['hosts']} | {r['gbit']:g} | {r['variant']} | {100 * r['measured']:.0f}% | "
                   f"{100 * r['predicted']:.0f}% | {100 * r['error']:+.0f}% |")
     if args.predict:

@@ -89,7 +89,8 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
     else:
         machine.add_row("ISA", "not read")
     libs = topo.libraries
-    machine.add_row("allocator", libs.allocator or "none found (glibc malloc)")
+    machine.add_row("allocator", libs.tcmalloc or (f"{libs.jemalloc} (preloaded only with CORECPU_ALLOCATOR=jemalloc)"
+                                                   if libs.jemalloc else "none found (glibc malloc)"))
     machine.add_row("OpenMP", libs.iomp5 or "GNU libgomp (libiomp5 not found)")
     machine.add_row("numactl", topo.numactl or "not found")
     console.print(machine)

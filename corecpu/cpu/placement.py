@@ -370,14 +370,16 @@ def _widen_to_nodes(topology: Topology, ranks: list[RankPlan], allowed: set[int]
 
 
 def chosen_allocator(asked: str, libs: Libraries) -> str | None:
-    """The allocator library to preload: `auto` preloads the one found (tcmalloc before jemalloc), `system`
-    none (glibc's malloc), a name that library, which must be installed."""
+    """The allocator library to preload: `auto` tcmalloc where it is installed, `system` none (glibc's malloc),
+    a name that library, which must be installed. auto leaves jemalloc to be asked for: on the 2-vCPU EPYC it
+    trained ResNet-50 at 0.70x glibc's speed, where tcmalloc gave 1.11x (and 1.07x corecpu's own run; MiniLM
+    1.04x in samples/s), benchmarks/README.md."""
     if asked not in ALLOCATORS:
         raise CoreCPUError(f"{envvars.ALLOCATOR}={asked!r} is not one of {', '.join(ALLOCATORS)}")
     if asked == "system":
         return None
     if asked == "auto":
-        return libs.allocator
+        return libs.tcmalloc
     found = libs.tcmalloc if asked == "tcmalloc" else libs.jemalloc
     if found is None:
         package = "libtcmalloc-minimal4" if asked == "tcmalloc" else "libjemalloc2"

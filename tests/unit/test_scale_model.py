@@ -93,3 +93,12 @@ def test_corecpu_variants_name_a_path_or_the_flags_given():
     assert cluster.variant_flags("corecpu", extra) == []
     assert cluster.variant_flags("corecpu:mpi", extra) == ["--allreduce", "mpi"]
     assert cluster.variant_flags("corecpu:bf16wire", extra) == ["--allreduce", "gloo", "--allreduce-dtype", "bf16"]
+
+
+def test_the_network_stack_cost_adds_every_byte_sent_and_received_to_the_step():
+    job = Job(compute_s=1.0, param_sizes=(MB // 4,) * 10)  # 10 MiB of gradient, all hidden behind backward
+    fast = Link(gbit_s=1e6, alpha_s=0.0)
+    free, charged = step(job, 2, fast), step(job, 2, Link(gbit_s=1e6, alpha_s=0.0, cpu_s_per_byte=1e-9))
+    # a 2-host ring sends half of each bucket twice and receives as much: 2 x 10 MiB through the stack
+    assert charged["stack_cpu_s"] == pytest.approx(2 * 10 * MB * 1e-9)
+    assert charged["step_s"] == pytest.approx(free["step_s"] + charged["stack_cpu_s"])

@@ -236,10 +236,12 @@ def test_intel_openmp_and_allocator_env(topos):
     assert "OMP_PROC_BIND" not in env and "OMP_PLACES" not in env
 
 
-def test_jemalloc_when_no_tcmalloc(topos):
+def test_jemalloc_only_when_asked_for(topos):
+    # auto leaves it out: it measured 0.70x glibc's malloc training ResNet-50 here (benchmarks/README.md)
     t = replace(topos["two_socket"], libraries=Libraries(None, "/l/libjemalloc.so.2", None))
     env = make_plan(t, PlanRequest()).env
-    assert env["LD_PRELOAD"] == "/l/libjemalloc.so.2" and env["OMP_PROC_BIND"] == "close"
+    assert "LD_PRELOAD" not in env and env["OMP_PROC_BIND"] == "close"
+    assert make_plan(t, PlanRequest(allocator="jemalloc")).env["LD_PRELOAD"] == "/l/libjemalloc.so.2"
 
 
 def test_allocator_asked_for_by_name_or_none(topos):
