@@ -3,7 +3,8 @@
     python benchmarks/cluster.py                                   # MiniLM, 2 and 4 hosts, 1/10/25 Gb/s
     python benchmarks/cluster.py --model bert-base --hosts 2 --batch-size 8 --steps 12 --warmup 3
     python benchmarks/cluster.py --model tiny --data builtin --hosts 2 --gbits 1 --steps 8 --warmup 2  # smoke
-    python benchmarks/cluster.py --report benchmarks/results/cluster-minilm.json                     # re-print
+    python benchmarks/cluster.py --report benchmarks/results/cluster-minilm-2hosts.json              # re-print
+    python benchmarks/cluster.py --plot benchmarks/results/cluster-*.json                            # the figure
 
 Each "host" is a Linux network namespace cabled to a bridge (tests/helpers/netns.py fake_hosts) with its
 own CPU set (one core by default; 4 hosts on 2 cores share them two to a core), and every link is shaped
@@ -83,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path)
     p.add_argument("--timeout", type=float, default=900, help="per run, seconds")
     p.add_argument("--report", type=Path, help="print the tables of an earlier result file and stop")
+    p.add_argument("--plot", type=Path, nargs="+", help="plot efficiency against link rate from result files and "
+                   "stop (to --out, default results/cluster-efficiency.png)")
     args = p.parse_args(argv)
     args.host_counts = [int(x) for x in args.hosts.split(",")]
     args.rates = [float(x) for x in args.gbits.split(",")]
@@ -348,10 +351,44 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def plot(files: list[Path], out: Path) -> Path:
+    """Efficiency against the link's measured rate, a panel per result file, a line per variant; the scale
+    model's prediction for the same runs dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import scale_model
+
+    fig, axes = plt.subplots(1, len(files), figsize=(5 * len(files), 4), squeeze=False)
+    for ax, path in zip(axes[0], files):
+        result = json.loads(path.read_text())
+        predicted = {(r["variant"], r["gbit"]): r["predicted"] for r in scale_model.check(result, 0.6)}
+        for v in dict.fromkeys(r["variant"] for r in result["rows"]):
+            rows = sorted((r for r in result["rows"] if r["variant"] == v), key=lambda r: r["link"]["gbit_s"])
+            x = [r["link"]["gbit_s"] for r in rows]
+            line, = ax.plot(x, [100 * r["efficiency"] for r in rows], "o-", label=v)
+            ax.plot(x, [100 * predicted[(v, r["gbit"])] for r in rows], "x--", color=line.get_color(), alpha=0.6)
+        ax.set_xscale("log")
+        ax.set_xlabel("link, measured Gb/s")
+        ax.set_ylabel("scaling efficiency, %")
+        ax.set_ylim(40, 110)
+        ax.axhline(85, color="grey", lw=0.5)
+        ax.set_title(f"{result['config']['model']}, {result['rows'][0]['hosts']} hosts")
+        ax.legend(fontsize=8, title="solid: measured, dashed: model", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report:
         print(markdown(json.loads(args.report.read_text())["rows"]))
+        return
+    if args.plot:
+        print(f"written to {plot(args.plot, args.out or BENCH / 'results' / 'cluster-efficiency.png')}")
         return
     if shutil.which("tc") is None:
         raise SystemExit("cluster.py: error: `tc` (iproute2) is needed to shape the links; apt-get install iproute2")
