@@ -53,8 +53,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     topology = topology_from_args(args)
     # Sample the CPUs' load only for this machine's own topology, not for a --sysfs tree from elsewhere.
     binding, why = resolve_binding(args.binding or "auto", os.environ, topology, measure=args.sysfs == REAL_SYSFS)
-    plan = dataclasses.replace(make_plan(topology, dataclasses.replace(request_from_args(args), binding=binding)),
-                               binding_reason=why)
+    request = dataclasses.replace(request_from_args(args), binding=binding,
+                                  allocator=os.environ.get(envvars.ALLOCATOR, "auto"))
+    plan = dataclasses.replace(make_plan(topology, request), binding_reason=why)
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
     elif args.export:
@@ -89,7 +90,7 @@ def render_plan(plan, console=None) -> None:  # noqa: ANN001 - rich types import
     else:
         machine.add_row("ISA", "not read")
     libs = topo.libraries
-    machine.add_row("allocator", libs.tcmalloc or (f"{libs.jemalloc} (preloaded only with CORECPU_ALLOCATOR=jemalloc)"
+    machine.add_row("allocator", libs.tcmalloc or (f"{libs.jemalloc} (preloaded only with {envvars.ALLOCATOR}=jemalloc)"
                                                    if libs.jemalloc else "none found (glibc malloc)"))
     machine.add_row("OpenMP", libs.iomp5 or "GNU libgomp (libiomp5 not found)")
     machine.add_row("numactl", topo.numactl or "not found")
