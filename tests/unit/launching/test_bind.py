@@ -106,22 +106,22 @@ def test_ranks_that_fit_keep_mpi_polling(two_socket):
     assert "I_MPI_WAIT_MODE" not in prepare(["--sysfs", str(two_socket), *CMD], ompi(0, 2))[1]
 
 
-def test_ld_preload_keeps_users_entries(two_socket, tmp_path):
+def prepared_with_tcmalloc(two_socket: Path, tmp_path: Path, **environ: str) -> dict[str, str]:
+    """prepare()'s environment for rank 0 of 2, with a tcmalloc in the active venv's lib/."""
     lib = tmp_path / "venv/lib"
     lib.mkdir(parents=True)
     (lib / "libtcmalloc.so.4").write_text("")
-    _, env, _, _ = prepare(["--sysfs", str(two_socket), *CMD],
-                           ompi(0, 2, VIRTUAL_ENV=str(tmp_path / "venv"), LD_PRELOAD="/opt/mine.so"))
+    return prepare(["--sysfs", str(two_socket), *CMD], ompi(0, 2, VIRTUAL_ENV=str(tmp_path / "venv"), **environ))[1]
+
+
+def test_ld_preload_keeps_users_entries(two_socket, tmp_path):
+    env = prepared_with_tcmalloc(two_socket, tmp_path, LD_PRELOAD="/opt/mine.so")
     parts = env["LD_PRELOAD"].split(":")
     assert "tcmalloc" in parts[0] and parts[-1] == "/opt/mine.so"
 
 
 def test_corecpu_allocator_system_preloads_nothing_of_ours(two_socket, tmp_path):
-    lib = tmp_path / "venv/lib"
-    lib.mkdir(parents=True)
-    (lib / "libtcmalloc.so.4").write_text("")
-    _, env, _, _ = prepare(["--sysfs", str(two_socket), *CMD],
-                           ompi(0, 2, VIRTUAL_ENV=str(tmp_path / "venv"), CORECPU_ALLOCATOR="system"))
+    env = prepared_with_tcmalloc(two_socket, tmp_path, CORECPU_ALLOCATOR="system")
     assert "LD_PRELOAD" not in env
 
 
