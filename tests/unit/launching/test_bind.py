@@ -76,6 +76,16 @@ def test_plan_options_pass_through(two_socket):
     assert env["CCL_WORKER_AFFINITY"] == "3,7" and env["CCL_WORKER_COUNT"] == "1"
 
 
+def test_a_single_process_keeps_every_core_for_compute_under_ccl(two_socket):
+    # One process runs no collective, so no core idles as a CCL worker (half of 2 cores before the fix).
+    _, ccl, ccl_pinned, _ = prepare(["--sysfs", str(two_socket), "--backend", "ccl", *CMD], ompi(0, 1))
+    _, gloo, gloo_pinned, _ = prepare(["--sysfs", str(two_socket), "--backend", "gloo", *CMD], ompi(0, 1))
+    assert ccl_pinned == gloo_pinned and ccl["OMP_NUM_THREADS"] == gloo["OMP_NUM_THREADS"]
+    assert "CCL_WORKER_AFFINITY" not in ccl
+    _, two, _, _ = prepare(["--sysfs", str(two_socket), "--backend", "ccl", *CMD], ompi(0, 2))
+    assert "CCL_WORKER_AFFINITY" in two  # two ranks do talk: the worker stays
+
+
 def test_users_oneccl_exports_win_over_the_plan(two_socket):
     _, env, _, _ = prepare(["--sysfs", str(two_socket), "--backend", "ccl", *CMD],
                            {**ompi(1, 2), "CCL_ATL_TRANSPORT": "mpi", "CCL_WORKER_AFFINITY": "2,6"})
