@@ -84,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path)
     p.add_argument("--timeout", type=float, default=900, help="per run, seconds")
     p.add_argument("--report", type=Path, help="print the tables of an earlier result file and stop")
+    p.add_argument("--pool", type=Path, nargs="+", help="pool result files of the same job: each repeat's efficiency "
+                   "against its own compute-only run, medians over all of them, then stop")
     p.add_argument("--plot", type=Path, nargs="+", help="plot efficiency against link rate from result files and "
                    "stop (to --out, default results/cluster-efficiency.png)")
     args = p.parse_args(argv)
@@ -337,6 +339,21 @@ def summarize(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def paired(raw_by_file: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Pure. Each repeat's efficiency against the compute-only run of the same repeat (same file, variant, hosts),
+    pooled over files, with the median: the compute-only time drifts between repeats by as much as the
+    network costs (up to 10% on 4 hosts), so a repeat is compared with its own reference."""
+    runs: dict[tuple[int, str, float], list[float]] = {}
+    for i, raw in enumerate(raw_by_file):
+        noop = {(r["hosts"], r["variant"], r["repeat"]): r["ms_per_step"] for r in raw if r["noop"]}
+        for r in raw:
+            ref = noop.get((r["hosts"], r["variant"], r["repeat"]))
+            if not r["noop"] and ref:
+                runs.setdefault((r["hosts"], r["variant"], r["gbit"]), []).append(ref / r["ms_per_step"])
+    return [{"hosts": n, "variant": v, "gbit": g, "efficiencies": sorted(e), "median": statistics.median(e)}
+            for (n, v, g), e in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1]))]
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     out = ["| hosts | link | variant (path) | compute-only ms | step ms | exposed comm ms | efficiency |",
            "|---:|---|---|---:|---:|---:|---:|"]
@@ -361,8 +378,12 @@ def plot(files: list[Path], out: Path) -> Path:
 
     import scale_model
 
-    fig, axes = plt.subplots(1, len(files), figsize=(5 * len(files), 4), squeeze=False)
-    for ax, path in zip(axes[0], files):
+    cols = min(3, len(files))
+    fig, axes = plt.subplots(-(-len(files) // cols), cols, figsize=(5 * cols, 4 * -(-len(files) // cols)),
+                             squeeze=False)
+    for ax in axes.flat[len(files):]:
+        ax.set_visible(False)
+    for ax, path in zip(axes.flat, files):
         result = json.loads(path.read_text())
         predicted = {(r["variant"], r["gbit"]): r["predicted"] for r in scale_model.check(result, 0.6)}
         for v in dict.fromkeys(r["variant"] for r in result["rows"]):
@@ -371,11 +392,13 @@ def plot(files: list[Path], out: Path) -> Path:
             line, = ax.plot(x, [100 * r["efficiency"] for r in rows], "o-", label=v)
             ax.plot(x, [100 * predicted[(v, r["gbit"])] for r in rows], "x--", color=line.get_color(), alpha=0.6)
         ax.set_xscale("log")
+        ax.set_xlim(0.7, 20)  # every panel on the same axis: 1, 10 and 25 Gb/s links (25 carries 9-15 here)
         ax.set_xlabel("link, measured Gb/s")
         ax.set_ylabel("scaling efficiency, %")
         ax.set_ylim(40, 110)
         ax.axhline(85, color="grey", lw=0.5)
-        ax.set_title(f"{result['config']['model']}, {result['rows'][0]['hosts']} hosts")
+        cpu = "Xeon" if "Xeon" in result["machine"]["cpu_model"] else result["machine"]["cpu_model"]
+        ax.set_title(f"{result['config']['model']}, {result['rows'][0]['hosts']} hosts, {cpu}")
         ax.legend(fontsize=8, title="solid: measured, dashed: model", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -386,6 +409,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report:
         print(markdown(json.loads(args.report.read_text())["rows"]))
+        return
+    if args.pool:
+        print("| hosts | link Gb/s | variant | repeats | efficiency, median (each repeat) |\n|---:|---:|---|---:|---|")
+        for r in paired([json.loads(f.read_text())["raw"] for f in args.pool]):
+            each = ", ".join(f"{100 * e:.0f}" for e in r["efficiencies"])
+            print(f"| {r['hosts']} | {r['gbit']:g} | {r['variant']} | {len(r['efficiencies'])} | "
+                  f"{100 * r['median']:.0f}% ({each}) |")
         return
     if args.plot:
         print(f"written to {plot(args.plot, args.out or BENCH / 'results' / 'cluster-efficiency.png')}")

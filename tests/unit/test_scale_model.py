@@ -11,7 +11,7 @@ from benchmarks import harness
 sys.path.insert(0, str(harness.BENCH))  # cluster.py imports its siblings as a script does
 try:
     from benchmarks import cluster, scale_model
-    from benchmarks.scale_model import BUCKET, FIRST_BUCKET, Job, Link, buckets, ring_s, step
+    from benchmarks.scale_model import BUCKET, FIRST_BUCKET, Job, Link, buckets, hosts_per_core, ring_s, step
 finally:
     sys.path.remove(str(harness.BENCH))
 
@@ -102,3 +102,31 @@ def test_the_network_stack_cost_adds_every_byte_sent_and_received_to_the_step():
     # a 2-host ring sends half of each bucket twice and receives as much: 2 x 10 MiB through the stack
     assert charged["stack_cpu_s"] == pytest.approx(2 * 10 * MB * 1e-9)
     assert charged["step_s"] == pytest.approx(free["step_s"] + charged["stack_cpu_s"])
+
+
+def test_hosts_sharing_a_core_pay_its_stack_work_together():
+    job = Job(compute_s=1.0, param_sizes=(MB // 4,) * 10)
+    one = step(job, 4, Link(gbit_s=1e6, alpha_s=0.0, cpu_s_per_byte=1e-9))
+    two = step(job, 4, Link(gbit_s=1e6, alpha_s=0.0, cpu_s_per_byte=1e-9, hosts_per_core=2))
+    assert two["stack_cpu_s"] == pytest.approx(2 * one["stack_cpu_s"])
+    result = {"raw": [{"hosts": 2, "cpus": ["0", "1"]}, {"hosts": 4, "cpus": ["0", "1", "0", "1"]}]}
+    assert (hosts_per_core(result, 2), hosts_per_core(result, 4), hosts_per_core({}, 4)) == (1, 2, 1)
+
+
+def test_buckets_are_ready_as_the_work_behind_them_is_done_not_their_size():
+    # A lookup table first in the model (its gradient comes last in backward and costs next to nothing) and 4 layers.
+    sizes = (40 * MB // 4, *(MB // 4,) * 4)
+    by_size = buckets(Job(compute_s=1.0, param_sizes=sizes), hosts=2)
+    by_work = buckets(Job(compute_s=1.0, param_sizes=sizes, param_work=(0.0, *(1.0,) * 4)), hosts=2)
+    assert [b for b, _ in by_work] == [b for b, _ in by_size]  # the same buckets...
+    assert by_size[0][1] == pytest.approx(1 / 44) and by_work[0][1] == pytest.approx(1 / 4)  # ...ready later
+    assert scale_model.model_work("tiny")[0] == 0.0 and scale_model.model_work("tiny")[-1] > 0  # word embedding: 0
+
+
+def test_pooled_efficiency_pairs_each_repeat_with_its_own_compute_only_run():
+    def run(variant, repeat, ms, gbit=None):
+        return {"hosts": 2, "variant": variant, "repeat": repeat, "ms_per_step": ms, "noop": gbit is None, "gbit": gbit}
+    first = [run("corecpu", 1, 100), run("corecpu", 1, 125, 10.0), run("corecpu", 2, 80), run("corecpu", 2, 100, 10.0)]
+    second = [run("corecpu", 1, 90), run("corecpu", 1, 100, 10.0)]
+    (row,) = cluster.paired([first, second])
+    assert row["efficiencies"] == pytest.approx([0.8, 0.8, 0.9]) and row["median"] == pytest.approx(0.8)
