@@ -344,7 +344,7 @@ def paired(raw_by_file: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     pooled over files, with the median: the compute-only time drifts between repeats by as much as the
     network costs (up to 10% on 4 hosts), so a repeat is compared with its own reference."""
     runs: dict[tuple[int, str, float], list[float]] = {}
-    for i, raw in enumerate(raw_by_file):
+    for raw in raw_by_file:
         noop = {(r["hosts"], r["variant"], r["repeat"]): r["ms_per_step"] for r in raw if r["noop"]}
         for r in raw:
             ref = noop.get((r["hosts"], r["variant"], r["repeat"]))
