@@ -64,7 +64,9 @@ def become_subreaper() -> bool:
 
 
 def _how(rec: RankRecord) -> str:
-    if not rec.ended:
+    # A rank that wrote its own error record and then exited with that code failed, whichever of the two the
+    # watcher saw first (a fast machine reaps the exit before the next poll reads the record).
+    if not rec.ended or (rec.code and rec.ended == f"exit {rec.code}"):
         return "failed"
     kind, _, value = rec.ended.partition(" ")
     if kind == "signal":

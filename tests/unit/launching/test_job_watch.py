@@ -46,6 +46,10 @@ def test_the_line_names_the_rank_its_signal_or_error_and_when():
     refused = RankRecord(0, pid=7, host="h", code=2)
     assert job_watch.failed_rank_line(refused) == ("corecpu: error: rank 0 (pid 7) on h failed during start-up "
                                                    "(its error is above); corecpu launch ended the job")
+    reaped = RankRecord(0, pid=7, host="h", code=2, ended="exit 2")  # its exit seen as soon as its record
+    assert job_watch.failed_rank_line(reaped) == job_watch.failed_rank_line(refused)
+    other = RankRecord(0, pid=7, host="h", code=2, ended="exit 3")
+    assert "exited with code 3" in job_watch.failed_rank_line(other)
     raised = RankRecord(1, pid=8, host="h", up=True, step=5, code=1, error="RuntimeError: boom")
     assert job_watch.failed_rank_line(raised) == ("corecpu: error: rank 1 (pid 8) on h failed at step 5: "
                                                   "RuntimeError: boom; corecpu launch ended the job")
