@@ -56,10 +56,6 @@ class Libraries:
     jemalloc: str | None = None
     iomp5: str | None = None
 
-    @property
-    def allocator(self) -> str | None:
-        return self.tcmalloc or self.jemalloc
-
 
 @dataclass(frozen=True)
 class Topology:
