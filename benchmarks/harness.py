@@ -15,7 +15,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 DEFAULT_VARIANTS = ("corecpu", "trainer_tuned", "trainer_ddp", "trainer_1proc")
-KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "trainer_ddp_grouped", "plain_ddp")
+# corecpu_1rank: one rank alone on one rank's share of the cores, same per-rank batch: the compute-only step
+# that distribution overhead is measured against. corecpu@COMMIT (--reference): an earlier corecpu, same flags.
+ONE_RANK = "corecpu_1rank"
+KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "trainer_ddp_grouped", "plain_ddp", ONE_RANK)
 # What a user who tunes the Trainer runs: torchrun, group_by_length, bf16=True, whatever the CPU. Its
 # precision is the user's flag, not corecpu's measurement, so it is bf16 even where bf16 measured slower.
 TUNED, TUNED_PRECISION = "trainer_tuned", "bf16"
@@ -39,6 +42,10 @@ class BenchConfig:
     seed: int = 0
     precision: str = "auto"            # what the user asked for
     corecpu_extra: dict[str, str] = field(default_factory=dict)  # variant suffix -> extra train.py args
+    one_rank_cpus: str = ""            # corecpu_1rank's CPUs (one rank's share), e.g. "0" or "0-3"
+    reference: str = ""                # corecpu@REF: the commit's short name
+    reference_tree: str = ""           # where that commit's files were exported
+    reference_cache: str = ""          # its own cache directory: another version's cache entries are not ours
 
     @property
     def model_spec(self) -> str:
@@ -72,15 +79,25 @@ def extra_args(spec: str) -> tuple[dict[str, str], list[str]]:
     return env, words
 
 
-def variant_order(requested: list[str], corecpu_extra: dict[str, str]) -> list[str]:
+def variant_order(requested: list[str], corecpu_extra: dict[str, str], reference: str = "") -> list[str]:
     """Run order in every round: corecpu first (its run resolves the precision), then its extra
-    variants, then the rest in the order given."""
+    variants, then corecpu@REFERENCE, then the rest in the order given."""
     unknown = [v for v in requested if v not in KNOWN_VARIANTS]
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(KNOWN_VARIANTS)}")
-    extra = [f"corecpu:{name}" for name in corecpu_extra]
+    extra = [f"corecpu:{name}" for name in corecpu_extra] + ([reference_variant(reference)] if reference else [])
     first = ["corecpu"] if "corecpu" in requested else []
     return first + extra + [v for v in requested if v != "corecpu"]
+
+
+def reference_variant(reference: str) -> str:
+    return f"corecpu@{reference}"
+
+
+def one_rank_cpus(cores: list[tuple[int, ...]], ranks: int) -> str:
+    """One rank's share of this host's cores (the first len(cores) // ranks, every CPU of each), as a CPU list."""
+    share = cores[:max(1, len(cores) // ranks)]
+    return ",".join(str(c) for core in share for c in core)
 
 
 def holdout_split(n: int, fraction: float = 0.1, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -121,13 +138,18 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     """The command line of one run. `precision` None lets corecpu resolve it (--precision auto);
     the baselines always get the resolved value."""
     length = ["--epochs", str(cfg.epochs)] + (["--max-steps", str(cfg.max_steps)] if cfg.max_steps else [])
-    if variant == "corecpu" or variant.startswith("corecpu:"):
+    if variant.startswith("corecpu"):
         suffix = variant.partition(":")[2]
         extra = extra_args(cfg.corecpu_extra[suffix])[1] if suffix else []
-        return [str(ROOT / "launch.sh"), str(cfg.ranks), "--model", cfg.model_spec, *_data_args(cfg), *length,
-                *_non_default(cfg), *(["--precision", precision] if precision else []),
-                "--output-dir", str(run_dir / variant.replace(":", "-")), "--log-every", "1", "--progress", "off",
-                *extra]
+        train = ["--model", cfg.model_spec, *_data_args(cfg), *length, *_non_default(cfg),
+                 *(["--precision", precision] if precision else []), "--output-dir", str(run_dir / output_name(variant)),
+                 "--log-every", "1", "--progress", "off", *extra]
+        if variant == ONE_RANK:  # the user's own narrowing, which corecpu's launcher passes on to the rank
+            return ["taskset", "-c", cfg.one_rank_cpus, str(ROOT / "launch.sh"), "1", *train]
+        if variant.startswith("corecpu@"):  # what that commit's launch.sh runs, with this environment
+            return [python, "-m", "corecpu.launch", "--default-script", str(Path(cfg.reference_tree) / "train.py"),
+                    str(cfg.ranks), *train]
+        return [str(ROOT / "launch.sh"), str(cfg.ranks), *train]
     if precision is None:
         raise ValueError(f"{variant} needs a resolved precision (fp32 or bf16)")
     out = run_dir / f"{variant}.json"
@@ -147,6 +169,11 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     raise ValueError(f"unknown variant {variant!r}")
 
 
+def output_name(variant: str) -> str:
+    """A corecpu variant's output directory (and log) name under the repeat's run directory."""
+    return variant.replace(":", "-").replace("@", "-at-")
+
+
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")
 
 
@@ -157,11 +184,16 @@ def variant_env(variant: str, env: dict[str, str], torchrun_threads: int,
     leave the baseline's cores idle; the fair share is the cores one process would use / ranks.
     A corecpu:NAME variant adds the NAME=VALUE words its --corecpu-args begin with."""
     clean = {k: v for k, v in env.items() if k not in THREAD_VARS}
-    suffix = variant.partition(":")[2]
+    suffix = variant.partition(":")[2] if variant.startswith("corecpu:") else ""
     if cfg is not None and suffix:
         clean.update(extra_args(cfg.corecpu_extra[suffix])[0])
     if variant in TORCHRUN_VARIANTS:
         clean["OMP_NUM_THREADS"] = str(torchrun_threads)
+    if cfg is not None and variant.startswith("corecpu@"):
+        from corecpu import envvars
+
+        clean["PYTHONPATH"] = cfg.reference_tree  # its corecpu package, ahead of the installed one
+        clean[envvars.CACHE_DIR] = cfg.reference_cache
     return clean
 
 
@@ -178,8 +210,13 @@ def corecpu_records(metrics_lines: list[str]) -> tuple[list[dict[str, Any]], lis
             if "samples" not in rec:
                 raise ValueError("corecpu's metrics.jsonl has no per-step 'samples' count; this benchmark needs "
                                  "train.py to log the global samples of each step")
+            tokens = {}
+            if "tokens" in rec:
+                tokens["tokens"] = rec["tokens"]
+            elif "tokens_per_s" in rec:  # earlier versions logged only the rate over the step's interval (--log-every 1)
+                tokens["tokens"] = rec["tokens_per_s"] * (rec["elapsed_s"] - (steps[-1]["t"] if steps else 0.0))
             steps.append({"step": rec["step"], "t": rec["elapsed_s"], "loss": rec["loss"], "samples": rec["samples"],
-                          **({"padding": rec["padding"]} if "padding" in rec else {})})
+                          **tokens, **({"padding": rec["padding"]} if "padding" in rec else {})})
     return steps, evals
 
 

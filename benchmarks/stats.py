@@ -37,8 +37,10 @@ def timed_window(steps: Sequence[dict[str, Any]], warmup: int, eval_after: Seque
     samples = sum(steps[i]["samples"] for i in kept)
     if not kept or seconds <= 0:
         raise ValueError("no timed interval left after the warm-up and evaluations")
+    tokens = ({"tokens_per_s": sum(steps[i]["tokens"] for i in kept) / seconds}
+              if all("tokens" in steps[i] for i in kept) else {})  # real (unpadded) tokens, where the tool counts them
     return {"samples_per_s": samples / seconds, "timed_seconds": seconds, "timed_samples": samples,
-            "timed_steps": len(kept), "ms_per_step": 1000 * seconds / len(kept)}
+            "timed_steps": len(kept), "ms_per_step": 1000 * seconds / len(kept), **tokens}
 
 
 def run_result(steps: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]], warmup: int,

@@ -18,6 +18,9 @@ seed, precision, epochs):
   trainer_ddp_grouped  (on request) trainer_ddp with group_by_length
   trainer_1proc        python hf_trainer.py, one process, batch N x B, all cores as threads
   plain_ddp            (on request) the PyTorch CPU DDP tutorial loop under torchrun
+  corecpu_1rank        (on request) one corecpu rank alone on one rank's share of the cores (taskset), same
+                       per-rank batch, corecpu's precision: the compute-only reference for distribution overhead
+  corecpu@COMMIT       (--reference COMMIT) that commit's corecpu with its defaults, for tokens/s against it
 Each run trains, evaluates after every epoch and after its last step, and records rank 0's
 wall clock at the end of every optimizer step. Throughput = counted global samples of steps
 W+1..S / their time, without intervals holding an evaluation. Variants run interleaved
@@ -34,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +82,9 @@ def parse_args() -> argparse.Namespace:
                    help=f"comma list from {', '.join(harness.KNOWN_VARIANTS)}")
     p.add_argument("--corecpu-args", action="append", default=[], metavar="NAME=ARGS",
                    help="extra variant corecpu:NAME = corecpu with these train.py flags (repeatable)")
+    p.add_argument("--reference", default="", metavar="COMMIT",
+                   help="add variant corecpu@COMMIT: that commit's train.py and corecpu (git archive), run the way its "
+                   "launch.sh runs them, in this environment, with its own cache; reports its tokens/s beside corecpu's")
     p.add_argument("--torchrun-threads", type=int, default=0, help="OMP_NUM_THREADS for the ranks torchrun "
                    "starts (0: the threads torch uses in one process here / --ranks; 1: torchrun's own default)")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: benchmarks/results/"
@@ -92,7 +99,8 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     try:
         args.corecpu_extra = harness.parse_corecpu_args(args.corecpu_args)
-        args.order = harness.variant_order([v for v in args.variants.split(",") if v], args.corecpu_extra)
+        args.order = harness.variant_order([v for v in args.variants.split(",") if v], args.corecpu_extra,
+                                           args.reference[:7])
     except ValueError as exc:
         p.error(str(exc))
     if args.warmup < 1:
@@ -179,13 +187,66 @@ def run_logged(variant: str, cmd: list[str], log: Path, env: dict[str, str], tim
     return wall, load_before
 
 
+def export_reference(commit: str, work: Path) -> Path:
+    """`commit`'s files, exported from this repository's history into `work` (as tests/e2e/test_loss_equivalence)."""
+    rev = subprocess.run(["git", "-C", str(harness.ROOT), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+                         capture_output=True, text=True)
+    if rev.returncode:
+        raise SystemExit(f"throughput.py: error: --reference {commit} is not a commit of this repository "
+                         "(a shallow clone lacks history: git fetch --unshallow)")
+    tree = work / f"reference-{rev.stdout.strip()[:12]}"
+    tree.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(harness.ROOT), "archive", rev.stdout.strip()], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def one_rank_share(ranks: int) -> str:
+    from corecpu.cpu.topology import read_topology
+
+    topology = read_topology()
+    allowed = set(topology.allowed)
+    cores = [tuple(c for c in core.cpus if c in allowed) for core in topology.cores]
+    return harness.one_rank_cpus([c for c in cores if c], ranks)
+
+
+def paired(raw: list[dict[str, Any]], variant: str, reference: str, key: str, scale: float = 1.0) -> dict[str, Any]:
+    """variant's `key` over `reference`'s (times `scale`), repeat by repeat (each repeat's own pair), and the median."""
+    per = []
+    for rep in sorted({r["repeat"] for r in raw}):
+        a = next((r for r in raw if r["repeat"] == rep and r["variant"] == variant), None)
+        b = next((r for r in raw if r["repeat"] == rep and r["variant"] == reference), None)
+        if a and b and a.get(key) and b.get(key):
+            per.append(a[key] / (b[key] * scale))
+    return {"per_repeat": per, "median": statistics.median(per) if per else None}
+
+
+def comparisons(raw: list[dict[str, Any]], order: list[str], ranks: int) -> dict[str, Any]:
+    """Distribution overhead (corecpu against `ranks` x one rank alone) and the reference commit's tokens/s."""
+    out: dict[str, Any] = {}
+    if "corecpu" in order and harness.ONE_RANK in order:
+        eff = paired(raw, "corecpu", harness.ONE_RANK, "samples_per_s", scale=ranks)
+        out["distribution"] = {"efficiency": eff, "overhead_median": None if eff["median"] is None else
+                               1 / eff["median"] - 1,
+                               "method": f"overhead = {ranks} x corecpu_1rank samples/s / corecpu samples/s - 1: "
+                                         "the N-rank step's time over the compute-only step of one rank alone on one "
+                                         "rank's share of the cores, same per-rank batch and precision"}
+    ref = next((v for v in order if v.startswith("corecpu@")), None)
+    if "corecpu" in order and ref:
+        out["reference"] = {"variant": ref, "tokens_per_s": paired(raw, "corecpu", ref, "tokens_per_s"),
+                            "samples_per_s": paired(raw, "corecpu", ref, "samples_per_s"),
+                            "wall_speedup": paired(raw, ref, "corecpu", "wall_s")}
+    return out
+
+
 def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespace,
              env: dict[str, str]) -> dict[str, Any]:
-    log = run_dir / f"{variant.replace(':', '-')}.log"
+    log = run_dir / f"{harness.output_name(variant)}.log"
     wall, load_before = run_logged(variant, cmd, log, env, args.timeout)
     extra: dict[str, Any] = {}
     if variant.startswith("corecpu"):
-        out = run_dir / variant.replace(":", "-")
+        out = run_dir / harness.output_name(variant)
         steps, evals = harness.corecpu_records((out / "metrics.jsonl").read_text().splitlines())
         resolved = json.loads((out / "config.json").read_text()).get("resolved", {})
         if not resolved.get("precision"):
@@ -220,6 +281,17 @@ def print_tables(result: dict[str, Any], markdown: bool) -> None:
     for row in stats.table_rows(result):
         table.add_row(*row)
     console.print(table)
+    for name, block in result.get("comparisons", {}).items():
+        if name == "distribution":
+            eff = block["efficiency"]
+            console.print(f"distribution overhead against {result['config']['ranks']} x one rank alone: "
+                          f"{block['overhead_median']:+.1%} (efficiency per repeat "
+                          f"{', '.join(f'{x:.3f}' for x in eff['per_repeat'])})")
+        else:
+            tps = block["tokens_per_s"]
+            console.print(f"corecpu against {block['variant']}: tokens/s x{tps['median']:.2f} (per repeat "
+                          f"{', '.join(f'{x:.2f}' for x in tps['per_repeat'])}), whole command "
+                          f"x{block['wall_speedup']['median']:.2f}")
     if markdown:
         print("\n" + stats.markdown(result))
 
@@ -231,7 +303,8 @@ def run_rounds(args: argparse.Namespace, cfg: BenchConfig, work: Path, env: dict
         run_dir = work / f"repeat{rep}"
         run_dir.mkdir(parents=True, exist_ok=True)
         for v in args.order:
-            own = None if v.startswith("corecpu") and args.precision == "auto" else precision
+            # corecpu and an earlier commit resolve `auto` themselves; the one-rank reference takes corecpu's.
+            own = None if v.startswith("corecpu") and v != harness.ONE_RANK and args.precision == "auto" else precision
             cmd = harness.command(v, cfg, own, run_dir)
             result = run_once(v, cmd, run_dir, args, harness.variant_env(v, env, torchrun_threads, cfg))
             if precision is None:  # the first corecpu run decides for everyone
@@ -259,9 +332,13 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-throughput-"))
     work.mkdir(parents=True, exist_ok=True)
     data_cfg, data_info = prepare_data(args, work)
+    tree = export_reference(args.reference, work) if args.reference else None
     cfg = BenchConfig(model=args.model, **data_cfg, ranks=args.ranks, batch_size=args.batch_size,
                       max_seq_len=args.max_seq_len, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
-                      precision=args.precision, corecpu_extra=args.corecpu_extra)
+                      precision=args.precision, corecpu_extra=args.corecpu_extra,
+                      one_rank_cpus=one_rank_share(args.ranks) if harness.ONE_RANK in args.order else "",
+                      reference=args.reference[:7], reference_tree=str(tree or ""),
+                      reference_cache=str(work / "reference-cache") if tree else "")
     # corecpu resolves `auto` in its own first run; without a corecpu variant, use its static rule.
     precision: str | None = None if args.precision == "auto" else args.precision
     resolved_by = "requested" if precision else None
@@ -291,8 +368,10 @@ def main() -> None:
               "precision_requested": args.precision, "precision_resolved_by": resolved_by,
               "precision_mismatch": mismatched, "seed": args.seed, "variants": args.order,
               "corecpu_extra": args.corecpu_extra, "one_process_threads": one_process,
+              "one_rank_cpus": cfg.one_rank_cpus, "reference": args.reference or None,
               "torchrun_omp_num_threads": torchrun_threads, "background_load": args.background_load}
-    result = {"config": config, "machine": machine(), **stats.summarize(raw, args.order), "raw": raw,
+    result = {"config": config, "machine": machine(), **stats.summarize(raw, args.order),
+              "comparisons": comparisons(raw, args.order, args.ranks), "raw": raw,
               "method": "samples_per_s = counted global samples of steps W+1..S / their summed step intervals "
                         "(t = rank 0 wall clock at the end of each optimizer step; intervals holding an "
                         "evaluation left out); wall_s = whole launch command incl. start-up, evaluation, saving"}

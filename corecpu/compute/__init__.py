@@ -1,5 +1,5 @@
-"""How a rank computes: fp32 or bf16 (AMX, or a cached calibration of the model's shapes) and
-Intel Extension for PyTorch where it is installed.
+"""How a rank computes: fp32 or bf16 (AMX, or a cached calibration of the model's shapes), sdpa or eager
+attention (timed on the model, cached), and Intel Extension for PyTorch where it is installed.
 
 May import: corecpu.errors, corecpu.envvars, corecpu.cpu; torch.
 """
@@ -7,3 +7,4 @@ May import: corecpu.errors, corecpu.envvars, corecpu.cpu; torch.
 # The choices this subpackage offers, defined once: setup(), the CLI and the decisions read them here.
 PRECISIONS = ("auto", "fp32", "bf16")
 IPEX_CHOICES = ("auto", "off")
+ATTENTION_CHOICES = ("auto", "sdpa", "eager")

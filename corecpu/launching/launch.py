@@ -25,7 +25,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, NoReturn, Sequence
+from typing import Iterable, Mapping, NoReturn, Sequence
 
 from corecpu import address_space, envvars
 from corecpu.cpu.cpulist import format_cpu_list
@@ -88,10 +88,11 @@ class LaunchPlan:
 
 
 def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usable_cores: int,
-                which=shutil.which, port=free_port) -> LaunchPlan:
+                which=shutil.which, port=free_port, allowed_cpus: str | None = None) -> LaunchPlan:
     """Pure apart from `which` and `port`: the command and environment that start the job. `usable_cores`:
     this host's cores the plan may use (corecpu plan refuses more ranks than that without --oversubscribe,
-    and so does this, for the ranks it starts here)."""
+    and so does this, for the ranks it starts here). `allowed_cpus`: the CPUs the user narrowed this one-host
+    launch to (`user_cpu_restriction`), handed to every rank's corecpu.bind."""
     env: dict[str, str] = {}
     warnings: list[str] = []
     check_omp_num_threads(environ)  # corecpu.bind replaces it per rank: say so now, not never
@@ -117,7 +118,7 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
     # One host: any free port (as torchrun --standalone); several: the conventional one (we cannot probe them).
     env["MASTER_PORT"] = str(req.master_port or environ.get("MASTER_PORT") or
                              (DEFAULT_MULTIHOST_PORT if several else port()))
-    bind_opts: list[str] = []
+    bind_opts: list[str] = ["--allowed-cpus", allowed_cpus] if allowed_cpus and not several else []
     if req.oversubscribe:
         bind_opts.append("--oversubscribe")
         if local > usable_cores:
@@ -173,6 +174,17 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
                f"{addr}:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", addr,
                "--nproc-per-node", str(local), "--no-python", *bind, *script]
     return LaunchPlan(cmd, env, local, warnings)
+
+
+def user_cpu_restriction(affinity: Iterable[int], cpuset: Iterable[int]) -> str | None:
+    """The CPU list a user narrowed the launcher to (`taskset -c 1 ./launch.sh 1`, `numactl -C`), or None.
+
+    corecpu.bind plans each rank from the cgroup's cpuset, not from its own mask, because mpirun may already
+    have pinned it narrower; so a restriction that only the launcher's mask carries must be passed on, or a rank
+    started under `taskset -c 1` is planned on CPUs 0-1. Nothing has pinned the launcher but its user."""
+    mine, whole = set(affinity), set(cpuset)
+    narrowed = mine & whole
+    return format_cpu_list(sorted(narrowed)) if narrowed and narrowed < whole else None
 
 
 def usable_cores(topology) -> int:  # noqa: ANN001 - a corecpu.cpu.topology.Topology
@@ -314,8 +326,11 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
         bindir = str(Path(sys.executable).parent)
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-        plan = plan_launch(req, os.environ, sys.executable, usable_cores(read_topology(allowed_from_cpuset=True,
-                                                                                       env=os.environ)))
+        cpuset = read_topology(allowed_from_cpuset=True, env=os.environ)
+        restricted = None if req.hostfile or (req.nnodes or 1) > 1 else user_cpu_restriction(
+            os.sched_getaffinity(0), cpuset.allowed)  # other hosts' CPUs are not this process's to narrow
+        topology = read_topology(allowed_cpus=restricted, env=os.environ) if restricted else cpuset
+        plan = plan_launch(req, os.environ, sys.executable, usable_cores(topology), allowed_cpus=restricted)
         if req.hostfile and not req.dry_run and (problem := unresolved_host(req.hostfile, read_hostfile(req.hostfile))):
             raise CoreCPUError(problem)
         for w in plan.warnings:
@@ -325,7 +340,6 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             # host of a multi-host job decides in corecpu.bind from its own signs.
             train = Path(req.script).name == "train.py" and not req.module
             asked = (_script_option(req.script_args, "--binding") if train else None) or "auto"
-            topology = read_topology(allowed_from_cpuset=True, env=os.environ)
             evidence = gather_evidence(os.environ, topology.allowed, len(topology.online), measure=not req.dry_run)
             plan.env[envvars.BINDING], plan.env[envvars.BINDING_REASON] = decide_binding(asked, evidence)
             if evidence.measured:  # the ranks time their all-reduce paths per load state (distributed.gradient_path)

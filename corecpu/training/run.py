@@ -43,6 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
+from corecpu.compute.attention import AttentionChoice, agree_attention
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
@@ -63,7 +64,8 @@ from corecpu.training.run_log import RunLog
 from corecpu.training.run_options import RunOptions
 from corecpu.training.schedule import Schedule
 from corecpu.training.steps import Steps, no_sync
-from corecpu.training.wrapping import Once, Wrapped, calibration_shape, measure_precision, wrap_model
+from corecpu.training.wrapping import (Once, Wrapped, apply_attention, calibration_shape, measure_attention,
+                                       measure_precision, wrap_model)
 
 
 @dataclass(frozen=True, slots=True)  # slots: not even object.__setattr__ can add a side-car
@@ -163,6 +165,7 @@ class Run:
             "ipex": ("off" if self.ipex is None else
                      f"{'ipex.optimize' if self.ipex.usable else 'not used'} ({self.ipex.reason})"),
             "compile": "torch.compile" if self.options.compile else "off",
+            "attention": str(self.attention),
             "sparse_embedding_allreduce": str(self.sparse_embedding),
         }
 
@@ -174,7 +177,7 @@ class Run:
         return [f"corecpu {self.world_size} rank(s) via {self.launch.launcher}; backend {self.backend} "
                 f"({self.backend_reason}); gradient all-reduce {self.allreduce} ({self.allreduce_reason})",
                 f"precision {self.describe()['precision']}; {self.threads} thread(s) per rank ({self.threads_reason}); "
-                f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}"]
+                f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}; attention {self.attention}"]
 
     def resolved(self) -> dict[str, Any]:
         """The machine-dependent choices as plain values: a resume compares them with the checkpoint's."""
@@ -188,13 +191,15 @@ class Run:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, *,
              loader: DataLoader | None = None,
              checkpoint: Checkpoints | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
-        """In this order: settle the precision on `loader`'s shapes, resume from `checkpoint` into the plain
-        model and optimizer, then ipex.optimize (where usable), torch.compile (if asked), DDP with the chosen
-        gradient all-reduce (more than one rank), and a forward that autocasts. IPEX replaces the optimizer;
+        """In this order: settle the precision and then the attention kernel on `loader`'s shapes, resume from
+        `checkpoint` into the plain model and optimizer, then ipex.optimize (where usable), torch.compile (if
+        asked), DDP with the chosen gradient all-reduce (more than one rank), and a forward that autocasts. IPEX replaces the optimizer;
         a scheduler passed here is pointed at the new one. Once per run."""
         if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
         precision = self.decide_precision(model, loader)
+        attention = self.decide_attention(model, loader, precision)
+        apply_attention(model, attention)
         # Resolved choices as they stand once the precision is settled: what a resume compares.
         resolved = {**self.resolved(), "precision": precision.name, "bf16_speedup": precision.bf16_speedup,
                     "source": precision.source}
@@ -205,7 +210,7 @@ class Run:
             use_ipex=self.uses_ipex, compile=self.options.compile,
             ddp_hook=self._gradient_path if self.world_size > 1 else None,
             sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype)
-        self._wrapped.set(wrapped)
+        self._wrapped.set(dataclasses.replace(wrapped, attention=attention))
         return wrapped.model, optimizer
 
     def _gradient_path(self) -> GradientAllreduce:
@@ -225,6 +230,21 @@ class Run:
             return self.requested_precision
         choice = measure_precision(self.options.precision, model, calibration_shape(model, loader), self.threads)
         return agree_precision(self.gather(choice)) if self.world_size > 1 else choice
+
+    def decide_attention(self, model: torch.nn.Module, loader: DataLoader | None,
+                         precision: PrecisionChoice) -> AttentionChoice:
+        """sdpa or eager attention for `model` (wrap() settles it with this). A collective for more than one rank:
+        every rank times both on its own cores, and eager is kept only if every rank found it faster."""
+        choice = measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
+                                   self.threads)
+        return agree_attention(self.gather(choice)) if self.world_size > 1 else choice
+
+    @property
+    def attention(self) -> AttentionChoice:
+        """The attention kernel training runs with, and why; settled by wrap()."""
+        wrapped = self._wrapped.get()
+        return wrapped.attention if wrapped is not None else AttentionChoice(
+            self.options.attention, "settled when the model is wrapped")
 
     def autocast(self) -> ContextManager:
         """bf16 autocast where the precision is bf16, else nothing: for computations outside the wrapped
@@ -373,7 +393,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
 
     `options` (or keyword overrides of its fields): backend auto|gloo|ccl|mpi (process group); allreduce
     auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; sparse_embedding_allreduce auto|on|off (the word
-    embedding's gradient by the rows some rank touched); precision auto|fp32|bf16; threads (0: this rank's cores); ipex auto|off;
+    embedding's gradient by the rows some rank touched); precision auto|fp32|bf16; attention auto|sdpa|eager (a Hugging
+    Face model's attention kernel, timed at wrap()); threads (0: this rank's cores); ipex auto|off;
     compile; dist_timeout; step_timeout (the watchdog run.steps() runs).
     graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, and run.steps() saves and exits at the
     next step boundary (run.steps() turns it on itself when it runs in the main thread).

@@ -1,6 +1,7 @@
 """What run.wrap() makes, in the order it must be made, and the record of it.
 
     precision (settled on the loader's shapes, agreed by every rank)
+    -> attention kernel, sdpa or eager (timed on the model at those shapes, agreed by every rank)
     -> resume from the checkpointer, into the plain model and optimizer
     -> ipex.optimize -> a forward that autocasts -> torch.compile -> DDP with the chosen gradient path
        (the word embedding's gradient, where sparse_rows applies, outside DDP's buckets: its touched rows)
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from corecpu.compute import ipex as _ipex
+from corecpu.compute.attention import AttentionChoice, resolve_attention, switchable
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
@@ -46,6 +48,7 @@ class Wrapped:
     checkpoints: Checkpoints | None
     sparse: SparseChoice = SparseChoice("off", "single process")  # the word embedding's rows (sparse_rows)
     sparse_rows: SparseRows | None = None  # its reducer when on
+    attention: AttentionChoice = AttentionChoice("unchanged", "not decided")  # the kernel training runs with
 
     @property
     def resumed(self) -> LoopState | None:
@@ -93,6 +96,19 @@ def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, 
         return PrecisionChoice("fp32", f"no shapes to calibrate bf16 on ({exc})".split(";")[0] + ")", source="measured")
 
 
+def measure_attention(requested: str, model: torch.nn.Module, shape: tuple[int, int], precision: PrecisionChoice,
+                      threads: int) -> AttentionChoice:
+    """This rank's attention kernel for `model` (no collective): see corecpu.compute.attention."""
+    return resolve_attention(requested, unwrap(model), read_cpu_features(), *shape, precision.name == "bf16", threads)
+
+
+def apply_attention(model: torch.nn.Module, choice: AttentionChoice) -> None:
+    """Switch the plain model's attention to the agreed kernel (before DDP, compile and IPEX see it)."""
+    plain = unwrap(model)
+    if choice.name in ("sdpa", "eager") and switchable(plain) not in (None, choice.name):
+        plain.set_attn_implementation(choice.name)
+
+
 def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any, *,
                precision: PrecisionChoice, checkpoint: Checkpoints | None,
                restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
@@ -125,7 +141,9 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
         ddp_hook().register(model)  # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own
         if weight is not None:
-            rows = SparseRows(weight, wire).attach(model)  # broadcasts rank 0's embedding, which DDP now skips
+            # Under torch.compile the lookup's hooks would run inside the graph: find the rows by scanning there.
+            lookup = None if compile else unwrap(model).get_input_embeddings()
+            rows = SparseRows(weight, wire, embedding=lookup).attach(model)  # broadcasts rank 0's embedding (DDP skips it)
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows), optimizer

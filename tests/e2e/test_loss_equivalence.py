@@ -38,6 +38,7 @@ from helpers.common import fresh_cache
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "c134c55b11ee1cc6286b22d31ba8f401bf3951c4"  # main when issue 25's refactor began
 COMMON = ["--model", "tiny", "--precision", "fp32", "--progress", "off", "--log-every", "1", "--keep-checkpoints", "3"]
+CURRENT = ["--attention", "sdpa"]  # c134c55's kernel; --attention auto may time eager faster (other rounding)
 WALL_CLOCK = ("samples_per_s", "tokens_per_s", "elapsed_s", "mfu")  # timings differ run to run; nothing else may
 
 
@@ -137,7 +138,7 @@ def reference(request, reference_tree, reference_cache, tmp_path_factory) -> tup
 def test_fresh_run_equals_c134c55(reference, current_cache, tmp_path):
     job, before = reference
     out = tmp_path / "after"
-    _run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *job.args, "--output-dir", str(out)], cwd=ROOT,
+    _run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *CURRENT, *job.args, "--output-dir", str(out)], cwd=ROOT,
          env=_env(current_cache))
     _same(out, before)
 
@@ -151,7 +152,7 @@ def test_resumes_exactly_from_a_c134c55_checkpoint(reference, current_cache, tmp
                     "predictions.json") or (n.startswith("step-") and n != kept)])
     lines = (before / "metrics.jsonl").read_text().splitlines(keepends=True)
     (out / "metrics.jsonl").write_text("".join(line for line in lines if json.loads(line)["step"] <= job.resume_at))
-    stdout = _run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *job.args, "--resume", "auto", "--output-dir",
+    stdout = _run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *CURRENT, *job.args, "--resume", "auto", "--output-dir",
                    str(out)], cwd=ROOT, env=_env(current_cache))
     # Resumed rather than trained from scratch (which would also match); train.py's banner says which.
     assert f"checkpoints/{kept} (step {job.resume_at})" in stdout

@@ -24,12 +24,18 @@ def check(reports: list[dict], cases: set[str]) -> None:
             assert on["ignored"] == [EMBEDDING] and not on["in_buckets"], on
             assert off["ignored"] == [] and off["in_buckets"], off
             assert on["dense_steps"] == 0
+            assert on["scanning"] is False  # the rows came from the lookup's ids, which the first sync's scan confirmed
         # The union is every rank's rows together: more than any one rank touched.
         for name in cases:
             per_rank = [x["cases"][name]["on"]["local_rows"] for x in reports]
             union = [len(set().union(*(rows[s] for rows in per_rank))) for s in range(len(per_rank[0]))]
             assert r["cases"][name]["on"]["unions"] == union, name
             assert all(u > max(len(rows[s]) for rows in per_rank) for s, u in enumerate(union)), name
+        # A loss that also reads an untouched row (a weight penalty): the first sync's scan finds it outside the
+        # ids, that rank scans from then on, and the sums are still DDP's.
+        reg = r["regularised"]
+        assert reg["params_equal"] and reg["grads_equal"] and reg["scanning"] is True, reg
+        assert all(u == union + 1 for u, union in zip(reg["unions"], r["cases"]["fp32-accum2"]["on"]["unions"])), reg
         # The dense fallback (union over DENSE_ABOVE of the rows, forced) is the same sums too.
         assert r["dense"]["params_equal"] and r["dense"]["grads_equal"] and r["dense"]["dense_steps"] == 3, r["dense"]
 

@@ -269,3 +269,34 @@ def test_qa_seed_table_pairs_runs_by_seed_and_averages_the_differences() -> None
         qa_throughput.append_runs(merged, result_of(raw[:2], [0]))
     with pytest.raises(SystemExit, match="epochs differ"):
         qa_throughput.append_runs(merged, {**result_of(raw[2:], [3]), "config": {**result_of(raw[2:], [3])["config"], "epochs": 1}})
+
+
+def test_one_rank_reference_and_earlier_commit_variants() -> None:
+    # One rank's share: the first cores // ranks cores, every CPU of each (SMT siblings stay together).
+    assert harness.one_rank_cpus([(0, 4), (1, 5), (2, 6), (3, 7)], 2) == "0,4,1,5"
+    assert harness.one_rank_cpus([(0,), (1,)], 2) == "0" and harness.one_rank_cpus([(0,)], 2) == "0"
+    cfg = harness.BenchConfig(ranks=2, one_rank_cpus="0", reference="c134c55", reference_tree="/ref",
+                              reference_cache="/cache")
+    one = harness.command(harness.ONE_RANK, cfg, "bf16", Path("/runs"))
+    assert one[:4] == ["taskset", "-c", "0", str(harness.ROOT / "launch.sh")] and one[4] == "1"
+    assert one[one.index("--precision") + 1] == "bf16"  # corecpu's resolved precision, not its own measurement
+    assert one[one.index("--output-dir") + 1] == "/runs/corecpu_1rank"
+    ref = harness.command("corecpu@c134c55", cfg, None, Path("/runs"), python="/env/bin/python")
+    assert ref[:5] == ["/env/bin/python", "-m", "corecpu.launch", "--default-script", "/ref/train.py"]
+    assert ref[5] == "2" and "--precision" not in ref and ref[ref.index("--output-dir") + 1] == "/runs/corecpu-at-c134c55"
+    env = harness.variant_env("corecpu@c134c55", {"PATH": "/bin", "OMP_NUM_THREADS": "3"}, 1, cfg)
+    assert env == {"PATH": "/bin", "PYTHONPATH": "/ref", "CORECPU_CACHE_DIR": "/cache"}
+    assert harness.variant_order(["corecpu", "trainer_tuned", harness.ONE_RANK], {}, "c134c55") == [
+        "corecpu", "corecpu@c134c55", "trainer_tuned", harness.ONE_RANK]
+
+
+def test_tokens_come_from_the_records_or_from_an_older_versions_rate() -> None:
+    new = [json.dumps({"step": 1, "loss": 0.7, "samples": 32, "tokens": 900, "elapsed_s": 0.5})]
+    assert harness.corecpu_records(new)[0][0]["tokens"] == 900
+    old = [json.dumps({"step": k, "loss": 0.7, "samples": 32, "tokens_per_s": 1000.0, "elapsed_s": 0.5 * k})
+           for k in (1, 2, 3)]
+    steps = harness.corecpu_records(old)[0]
+    assert [s["tokens"] for s in steps] == [500.0, 500.0, 500.0]
+    window = stats.timed_window(steps, 1)
+    assert window["tokens_per_s"] == pytest.approx(1000.0) and window["samples_per_s"] == pytest.approx(64.0)
+    assert "tokens_per_s" not in stats.timed_window([{k: v for k, v in s.items() if k != "tokens"} for s in steps], 1)

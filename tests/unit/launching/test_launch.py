@@ -153,3 +153,24 @@ def test_nnodes_and_node_rank_run_torchrun_on_each_node(tmp_path, monkeypatch):
     plan = plan_launch(parse_args(["-f", str(hosts), "--nnodes", "2", "--ppn", "3", "job.py"]), {}, "python", 8,
                        which=lambda n: "/x/" + n)
     assert plan.command[:7] == ["mpirun", "-n", "6", "-f", str(hosts), "-ppn", "3"]
+
+
+def test_a_users_cpu_narrowing_reaches_every_ranks_plan(tmp_path):
+    from corecpu.launching.launch import user_cpu_restriction
+
+    # taskset -c 1 ./launch.sh 1: the ranks plan from the cgroup's CPUs, so the launcher must pass the narrowing on.
+    assert user_cpu_restriction({1}, (0, 1)) == "1"
+    assert user_cpu_restriction({0, 1, 2, 3}, (0, 1, 2, 3)) is None  # nothing narrowed
+    assert user_cpu_restriction({0, 1, 7}, (0, 1, 2, 3)) == "0-1"  # only CPUs the cgroup allows
+    assert user_cpu_restriction({7}, (0, 1)) is None  # nothing in common: the cgroup's CPUs decide
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plan = plan_launch(parse_args(["1", "--model", "tiny"], default_script=str(script)), {}, sys.executable,
+                       usable_cores=1, which=lambda n: "/x/" + n, port=lambda: 1, allowed_cpus="1")
+    bind = plan.command[plan.command.index("corecpu.bind") + 1:]
+    assert bind[:3] == ["--allowed-cpus", "1", "--"]
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a\nb\n")
+    several = plan_launch(LaunchRequest(2, str(script), hostfile=str(hosts)), {}, sys.executable, usable_cores=1,
+                          which=lambda n: "/x/" + n, port=lambda: 1, allowed_cpus="1")
+    assert "--allowed-cpus" not in several.command  # this host's mask says nothing of the others'

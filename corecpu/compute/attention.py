@@ -1,0 +1,172 @@
+"""Which attention kernel a Hugging Face model trains with: torch's SDPA or the model's eager attention, by measurement.
+
+transformers loads models with `attn_implementation="sdpa"`. In training, with attention dropout, torch's CPU SDPA
+cannot use its fused kernel and runs its math fallback: the same two matmuls, softmax and dropout as the eager
+attention, plus a safe-softmax pass over the scores (`all`, `where`) and separate scaling of queries and keys.
+On a 2-vCPU Xeon with AMX that fallback made a MiniLM step about 7% slower than eager attention (one rank per core,
+bf16, the paraphrase set). Whether it does depends on the CPU, the thread count and the shapes, so `auto` times one
+forward and backward of the model itself with each, on the loader's batch shape, and keeps eager only where it was
+at least MARGIN faster. The ratio is cached per CPU, torch and transformers version, model shape, batch shape,
+precision and thread count, like the precision calibration (corecpu.compute.precision).
+
+Evaluation runs with the same kernel: one model, one kernel, so evaluation computes what training learned with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from corecpu import cachefile, envvars, notices
+from corecpu.compute import ATTENTION_CHOICES
+from corecpu.cpu.hardware import CpuFeatures
+from corecpu.errors import CoreCPUError
+
+MARGIN = 1.03  # eager must beat SDPA by this much: within run-to-run noise the library's default stays
+LONG_STEP_S = 4.0  # warm-up steps longer than this: one timed round, not three (first run of a large model)
+CACHE_FILE = "attention.json"
+CACHE_VERSION = 1
+KEY_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The attention kernel training uses, and why: config.json's `decisions` entry and the banner."""
+
+    name: str  # "sdpa" | "eager" | "unchanged" (the model has no switchable attention)
+    reason: str
+    sdpa_over_eager: float | None = None  # SDPA step time / eager step time, when measured (or cached)
+    source: str = "requested"  # "requested" | "measured" | "cached" | "model"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def switchable(model: Any) -> str | None:
+    """The model's current attention kernel when corecpu may switch it between sdpa and eager, else None."""
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current in ("sdpa", "eager") and callable(getattr(model, "set_attn_implementation", None)):
+        return current
+    return None
+
+
+def decide_attention(requested: str, current: str | None, sdpa_over_eager: float | None = None, *,
+                     cached: bool = False, margin: float = MARGIN) -> AttentionChoice:
+    """Pure: the kernel for a model now on `current`, given the measured ratio (None: not measured)."""
+    if requested not in ATTENTION_CHOICES:
+        raise CoreCPUError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {requested!r}")
+    if current is None:
+        if requested != "auto":
+            raise CoreCPUError(f"--attention {requested}: this model has no sdpa/eager attention to choose between; "
+                               "use --attention auto")
+        return AttentionChoice("unchanged", "the model has no sdpa/eager attention switch", source="model")
+    if requested != "auto":
+        return AttentionChoice(requested, "requested")
+    if sdpa_over_eager is None:
+        return AttentionChoice(current, "not measured", source="model")
+    where = "cached" if cached else "measured"
+    if sdpa_over_eager >= margin:
+        return AttentionChoice("eager", f"{where}: {sdpa_over_eager:.2f}x faster than sdpa on this model",
+                               sdpa_over_eager, where)
+    return AttentionChoice("sdpa", f"{where}: eager {sdpa_over_eager:.2f}x sdpa, under {margin:.2f}x",
+                           sdpa_over_eager, where)
+
+
+def agree_attention(choices: list[AttentionChoice]) -> AttentionChoice:
+    """Every rank trains with one kernel: eager only where every rank measured it faster, else the first other."""
+    return next((c for c in choices if c.name != "eager"), choices[0])
+
+
+def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, rounds: int = 3) -> float:
+    """SDPA time / eager time of one training forward and backward of `model` on random ids (batch x seq), rounds
+    alternating the order. The model's weights, gradients, mode, kernel and the random stream are as they were."""
+    import torch
+
+    vocab = int(getattr(model.config, "vocab_size", 0) or 1000)
+    before = {"training": model.training, "kernel": model.config._attn_implementation,
+              "grads": {p: p.grad for p in model.parameters()}}
+    clock = time.thread_time if torch.get_num_threads() <= 1 else time.perf_counter
+    try:
+        with torch.random.fork_rng(devices=[]):  # dropout here must not shift the training run's random stream
+            g = torch.Generator().manual_seed(0)
+            ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq), generator=g)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            model.train()
+
+            def one(kernel: str) -> float:
+                model.set_attn_implementation(kernel)
+                start = clock()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    out = model(**inputs)
+                logits = out.logits if hasattr(out, "logits") else out[0]
+                logits.float().sum().backward()
+                for p in model.parameters():
+                    p.grad = None
+                return clock() - start
+
+            warm = one("sdpa") + one("eager")  # first calls pick kernels and grow the allocator
+            rounds = rounds if warm < LONG_STEP_S else 1  # a large model: two more steps say enough
+            times: dict[str, list[float]] = {"sdpa": [], "eager": []}
+            for r in range(rounds):
+                for kernel in (("sdpa", "eager") if r % 2 == 0 else ("eager", "sdpa")):
+                    times[kernel].append(one(kernel))
+            return statistics.median(times["sdpa"]) / statistics.median(times["eager"])
+    finally:
+        model.set_attn_implementation(before["kernel"])
+        model.train(before["training"])
+        for p, grad in before["grads"].items():
+            p.grad = grad
+
+
+def cache_key(features: CpuFeatures, versions: str, threads: int, model: Any, batch: int, seq: int,
+              bf16: bool) -> str:
+    config = model.config
+    shape = {k: getattr(config, k, None) for k in ("model_type", "hidden_size", "num_attention_heads",
+                                                   "num_hidden_layers", "intermediate_size",
+                                                   "attention_probs_dropout_prob", "attention_dropout")}
+    what = json.dumps({"model": shape, "class": type(model).__name__, "batch": batch, "seq": seq}, sort_keys=True)
+    flags = ",".join(f for f in KEY_FLAGS if f in features.flags)
+    return (f"{features.model_name} | {flags} | {versions} | {threads} threads | {'bf16' if bf16 else 'fp32'} | "
+            f"shapes {hashlib.sha256(what.encode()).hexdigest()[:12]}")
+
+
+def cached_ratio(path: Path, key: str) -> float | None:
+    entry = cachefile.read_entries(path, CACHE_VERSION).get(key) or {}
+    ratio = entry.get("sdpa_over_eager")
+    return float(ratio) if isinstance(ratio, (int, float)) and 0.05 < ratio < 20 else None
+
+
+def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool,
+                      threads: int, cache_dir: Path | None = None, *,
+                      measure: Callable[..., float] = measure_sdpa_over_eager) -> AttentionChoice:
+    """This rank's choice for `model` (no collective; agree_attention over the ranks). I/O: the cache, the timing."""
+    current = switchable(model)
+    if requested != "auto" or current is None:
+        return decide_attention(requested, current)
+    import torch
+    import transformers
+
+    path = (cache_dir or envvars.cache_dir()) / CACHE_FILE
+    key = cache_key(features, f"torch {torch.__version__} transformers {transformers.__version__}", threads, model,
+                    batch, seq, bf16)
+    ratio = cached_ratio(path, key)
+    if ratio is not None:
+        return decide_attention("auto", current, ratio, cached=True)
+    start = time.perf_counter()
+    with notices.phase(f"timing sdpa against eager attention on this model (batch {batch} x {seq} tokens; "
+                       "once per CPU model)"):
+        ratio = measure(model, batch, seq, bf16)
+    cachefile.store_entry(path, CACHE_VERSION, key, {
+        "sdpa_over_eager": ratio, "calibration_s": round(time.perf_counter() - start, 3),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, what="the attention timing")
+    return decide_attention("auto", current, ratio)
+
+
+__all__ = ["ATTENTION_CHOICES", "AttentionChoice", "agree_attention", "decide_attention", "measure_sdpa_over_eager",
+           "resolve_attention", "switchable"]

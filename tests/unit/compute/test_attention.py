@@ -1,0 +1,72 @@
+"""corecpu.compute.attention: sdpa or eager attention, decided by timing the model itself, cached."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, decide_attention,
+                                       measure_sdpa_over_eager, resolve_attention, switchable)
+from corecpu.cpu.hardware import read_cpu_features
+from corecpu.errors import CoreCPUError
+
+
+def tiny_bert() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=500, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, attn_implementation="sdpa")
+    return BertForSequenceClassification(config)
+
+
+def test_eager_only_where_it_was_measured_faster_by_the_margin() -> None:
+    assert decide_attention("auto", "sdpa", MARGIN + 0.01).name == "eager"
+    assert decide_attention("auto", "sdpa", MARGIN - 0.01).name == "sdpa"  # within noise: the library's default
+    assert decide_attention("auto", "sdpa", 0.8).name == "sdpa"
+    cached = decide_attention("auto", "sdpa", 1.2, cached=True)
+    assert cached.source == "cached" and "cached" in cached.reason and cached.sdpa_over_eager == 1.2
+    assert decide_attention("eager", "sdpa").name == "eager" and decide_attention("sdpa", "eager").name == "sdpa"
+    assert decide_attention("auto", None).name == "unchanged"  # no switch (an image model, flash attention)
+    with pytest.raises(CoreCPUError, match="no sdpa/eager attention"):
+        decide_attention("eager", None)
+    with pytest.raises(CoreCPUError, match="attention must be one of"):
+        decide_attention("flash", "sdpa")
+
+
+def test_ranks_agree_on_eager_only_when_every_rank_measured_it() -> None:
+    eager, sdpa = AttentionChoice("eager", "fast", 1.1, "measured"), AttentionChoice("sdpa", "slow", 1.0, "measured")
+    assert agree_attention([eager, eager]) is eager
+    assert agree_attention([eager, sdpa]) is sdpa and agree_attention([sdpa, eager]) is sdpa
+
+
+def test_timing_leaves_the_model_and_the_random_stream_as_they_were() -> None:
+    model = tiny_bert().eval()
+    assert switchable(model) == "sdpa" and switchable(torch.nn.Linear(2, 2)) is None
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    ratio = measure_sdpa_over_eager(model, batch=2, seq=8, bf16=False, rounds=1)
+    assert torch.equal(torch.rand(3), expected)  # dropout inside the timing drew from a forked stream
+    assert 0.05 < ratio < 20
+    assert not model.training and model.config._attn_implementation == "sdpa"
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
+
+
+def test_auto_times_once_then_reads_the_cache(tmp_path) -> None:
+    calls = []
+
+    def fake(model, batch, seq, bf16):
+        calls.append((batch, seq, bf16))
+        return 1.25
+
+    model, features = tiny_bert(), read_cpu_features()
+    first = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=fake)
+    second = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=fake)
+    assert (first.name, first.source, second.name, second.source) == ("eager", "measured", "eager", "cached")
+    assert calls == [(4, 16, False)]
+    resolve_attention("auto", model, features, 4, 32, False, 1, tmp_path, measure=fake)  # another shape: timed
+    assert len(calls) == 2
+    assert resolve_attention("sdpa", model, features, 4, 16, False, 1, tmp_path, measure=fake).source == "requested"
+    assert len(calls) == 2
