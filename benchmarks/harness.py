@@ -142,8 +142,8 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
         suffix = variant.partition(":")[2]
         extra = extra_args(cfg.corecpu_extra[suffix])[1] if suffix else []
         train = ["--model", cfg.model_spec, *_data_args(cfg), *length, *_non_default(cfg),
-                 *(["--precision", precision] if precision else []), "--output-dir", str(run_dir / output_name(variant)),
-                 "--log-every", "1", "--progress", "off", *extra]
+                 *(["--precision", precision] if precision else []),
+                 "--output-dir", str(run_dir / output_name(variant)), "--log-every", "1", "--progress", "off", *extra]
         if variant == ONE_RANK:  # the user's own narrowing, which corecpu's launcher passes on to the rank
             return ["taskset", "-c", cfg.one_rank_cpus, str(ROOT / "launch.sh"), "1", *train]
         if variant.startswith("corecpu@"):  # what that commit's launch.sh runs, with this environment
@@ -213,7 +213,7 @@ def corecpu_records(metrics_lines: list[str]) -> tuple[list[dict[str, Any]], lis
             tokens = {}
             if "tokens" in rec:
                 tokens["tokens"] = rec["tokens"]
-            elif "tokens_per_s" in rec:  # earlier versions logged only the rate over the step's interval (--log-every 1)
+            elif "tokens_per_s" in rec:  # earlier versions logged only the rate over the step (--log-every 1)
                 tokens["tokens"] = rec["tokens_per_s"] * (rec["elapsed_s"] - (steps[-1]["t"] if steps else 0.0))
             steps.append({"step": rec["step"], "t": rec["elapsed_s"], "loss": rec["loss"], "samples": rec["samples"],
                           **tokens, **({"padding": rec["padding"]} if "padding" in rec else {})})

@@ -83,8 +83,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--corecpu-args", action="append", default=[], metavar="NAME=ARGS",
                    help="extra variant corecpu:NAME = corecpu with these train.py flags (repeatable)")
     p.add_argument("--reference", default="", metavar="COMMIT",
-                   help="add variant corecpu@COMMIT: that commit's train.py and corecpu (git archive), run the way its "
-                   "launch.sh runs them, in this environment, with its own cache; reports its tokens/s beside corecpu's")
+                   help="add variant corecpu@COMMIT: that commit's train.py and corecpu (git archive), run the way "
+                   "its launch.sh runs them, in this environment, with its own cache; reports corecpu's tokens/s over "
+                   "its")
     p.add_argument("--torchrun-threads", type=int, default=0, help="OMP_NUM_THREADS for the ranks torchrun "
                    "starts (0: the threads torch uses in one process here / --ranks; 1: torchrun's own default)")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: benchmarks/results/"

@@ -10,6 +10,7 @@ at least MARGIN faster. The ratio is cached per CPU, torch and transformers vers
 precision and thread count, like the precision calibration (corecpu.compute.precision).
 
 Evaluation runs with the same kernel: one model, one kernel, so evaluation computes what training learned with.
+Only encoder models are switched (`switchable`): a model that generates keeps the kernel transformers chose.
 """
 
 from __future__ import annotations
@@ -48,12 +49,19 @@ class AttentionChoice:
 
 
 def switchable(model: Any) -> str | None:
-    """The model's current attention kernel when corecpu may switch it between sdpa and eager, else None."""
+    """The model's current attention kernel when corecpu may switch it between sdpa and eager, else None: a model
+    with an SDPA path (not an image model, whose config also says "eager"), and not one that generates. A causal LM's
+    kernel also decides how packed sequences and the cache are masked, so it keeps the kernel transformers chose."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if current in ("sdpa", "eager") and callable(getattr(model, "set_attn_implementation", None)):
-        return current
-    return None
+    if current not in ("sdpa", "eager") or not callable(getattr(model, "set_attn_implementation", None)):
+        return None
+    if not getattr(model, "_supports_sdpa", False):
+        return None
+    can_generate = getattr(model, "can_generate", None)
+    if getattr(config, "is_decoder", False) or (callable(can_generate) and can_generate()):
+        return None
+    return current
 
 
 def decide_attention(requested: str, current: str | None, sdpa_over_eager: float | None = None, *,
@@ -88,7 +96,10 @@ def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, rounds
     alternating the order. The model's weights, gradients, mode, kernel and the random stream are as they were."""
     import torch
 
-    vocab = int(getattr(model.config, "vocab_size", 0) or 1000)
+    embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    vocab = int(getattr(embedding, "num_embeddings", 0) or getattr(model.config, "vocab_size", 0) or 1000)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    seq = min(seq, positions) if isinstance(positions, int) and positions > 0 else seq
     before = {"training": model.training, "kernel": model.config._attn_implementation,
               "grads": {p: p.grad for p in model.parameters()}}
     clock = time.thread_time if torch.get_num_threads() <= 1 else time.perf_counter
@@ -161,7 +172,11 @@ def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: 
     start = time.perf_counter()
     with notices.phase(f"timing sdpa against eager attention on this model (batch {batch} x {seq} tokens; "
                        "once per CPU model)"):
-        ratio = measure(model, batch, seq, bf16)
+        try:
+            ratio = measure(model, batch, seq, bf16)
+        except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:  # a model this timing cannot run
+            return AttentionChoice(current, f"kept: timing failed ({type(exc).__name__}: {str(exc)[:80]})",
+                                   source="model")
     cachefile.store_entry(path, CACHE_VERSION, key, {
         "sdpa_over_eager": ratio, "calibration_s": round(time.perf_counter() - start, 3),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, what="the attention timing")

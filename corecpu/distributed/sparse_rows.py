@@ -166,7 +166,7 @@ class SparseRows:
     def _local_rows(self, grad: torch.Tensor) -> torch.Tensor:
         """The rows of this rank's gradient that may be nonzero, sorted: the recorded ids, checked against a scan on
         the first sync and every VERIFY_EVERY-th; a scan's rows for good once the ids missed one."""
-        ids = torch.unique(torch.cat(self._ids)) if self._ids else torch.empty(0, dtype=torch.int64)
+        ids = torch.unique(torch.cat(self._ids)).to(torch.int64) if self._ids else torch.empty(0, dtype=torch.int64)
         self._ids, self._id_count = [], 0
         if self.scanning or self.syncs % VERIFY_EVERY == 0:
             scanned = touched_rows(grad)
@@ -174,7 +174,7 @@ class SparseRows:
                 self.scanning = True  # the weight has another use than the lookup: ids are not enough
             if self.scanning:
                 return scanned
-        return ids.to(torch.int64)
+        return ids
 
     def _reduce(self, param: torch.Tensor) -> None:
         """After backward accumulated the gradient (inside backward): on a sync step, all-reduce its touched rows."""
@@ -222,5 +222,5 @@ class SparseRows:
         self._hooks = []
 
 
-__all__ = ["DENSE_ABOVE", "MIN_ROWS", "VERIFY_EVERY", "SparseChoice", "SparseRows", "decide", "embedding_weight", "touched_rows",
-           "union_rows"]
+__all__ = ["DENSE_ABOVE", "MIN_ROWS", "VERIFY_EVERY", "SparseChoice", "SparseRows", "decide", "embedding_weight",
+           "touched_rows", "union_rows"]

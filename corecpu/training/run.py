@@ -193,8 +193,8 @@ class Run:
              checkpoint: Checkpoints | None = None) -> tuple[torch.nn.Module, torch.optim.Optimizer | None]:
         """In this order: settle the precision and then the attention kernel on `loader`'s shapes, resume from
         `checkpoint` into the plain model and optimizer, then ipex.optimize (where usable), torch.compile (if
-        asked), DDP with the chosen gradient all-reduce (more than one rank), and a forward that autocasts. IPEX replaces the optimizer;
-        a scheduler passed here is pointed at the new one. Once per run."""
+        asked), DDP with the chosen gradient all-reduce (more than one rank), and a forward that autocasts.
+        IPEX replaces the optimizer; a scheduler passed here is pointed at the new one. Once per run."""
         if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
         precision = self.decide_precision(model, loader)

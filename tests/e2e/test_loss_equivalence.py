@@ -152,8 +152,8 @@ def test_resumes_exactly_from_a_c134c55_checkpoint(reference, current_cache, tmp
                     "predictions.json") or (n.startswith("step-") and n != kept)])
     lines = (before / "metrics.jsonl").read_text().splitlines(keepends=True)
     (out / "metrics.jsonl").write_text("".join(line for line in lines if json.loads(line)["step"] <= job.resume_at))
-    stdout = _run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *CURRENT, *job.args, "--resume", "auto", "--output-dir",
-                   str(out)], cwd=ROOT, env=_env(current_cache))
+    stdout = _run(["bash", str(ROOT / "launch.sh"), "2", *COMMON, *CURRENT, *job.args, "--resume", "auto",
+                   "--output-dir", str(out)], cwd=ROOT, env=_env(current_cache))
     # Resumed rather than trained from scratch (which would also match); train.py's banner says which.
     assert f"checkpoints/{kept} (step {job.resume_at})" in stdout
     _same(out, before)  # records to step resume_at kept, every later one recomputed, final weights the same

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, ResNetConfig,
+                          ResNetForImageClassification)
 
 from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, decide_attention,
                                        measure_sdpa_over_eager, resolve_attention, switchable)
@@ -70,3 +71,18 @@ def test_auto_times_once_then_reads_the_cache(tmp_path) -> None:
     assert len(calls) == 2
     assert resolve_attention("sdpa", model, features, 4, 16, False, 1, tmp_path, measure=fake).source == "requested"
     assert len(calls) == 2
+
+
+def test_only_encoders_with_an_sdpa_path_are_switched() -> None:
+    # An image model's config says "eager" too, but it has no attention; setting sdpa on it raises.
+    resnet = ResNetForImageClassification(ResNetConfig(embedding_size=8, hidden_sizes=[8], depths=[1], num_labels=2))
+    assert switchable(resnet) is None
+    # A causal LM's kernel also decides how packed sequences and the cache are masked: transformers' choice stays.
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=32))
+    assert switchable(gpt2) is None
+    assert resolve_attention("auto", gpt2, read_cpu_features(), 2, 8, False, 1, None).name == "unchanged"
+
+
+def test_timing_stays_inside_the_models_positions_and_vocabulary() -> None:
+    model = tiny_bert()  # 512 positions, 500 ids
+    assert 0.05 < measure_sdpa_over_eager(model, batch=1, seq=600, bf16=False, rounds=1) < 20
