@@ -91,6 +91,14 @@ def agree_attention(choices: list[AttentionChoice]) -> AttentionChoice:
     return next((c for c in choices if c.name != "eager"), choices[0])
 
 
+def agreed_ratio(choices: list[AttentionChoice]) -> float | None:
+    """What the ranks' timings amount to: the smallest ratio (eager wins only if it wins on every rank). The cache
+    keeps this, not each rank's own, so a later run reading it decides as this one agreed: ranks writing their own
+    ratios to one cache entry would leave the last writer's, and a ratio near MARGIN could flip the next run."""
+    ratios = [c.sdpa_over_eager for c in choices if c.sdpa_over_eager is not None]
+    return min(ratios) if ratios else None
+
+
 def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, rounds: int = 3) -> float:
     """SDPA time / eager time of one training forward and backward of `model` on random ids (batch x seq), rounds
     alternating the order. The model's weights, gradients, mode, kernel and the random stream are as they were."""
@@ -153,19 +161,34 @@ def cached_ratio(path: Path, key: str) -> float | None:
     return float(ratio) if isinstance(ratio, (int, float)) and 0.05 < ratio < 20 else None
 
 
-def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool,
-                      threads: int, cache_dir: Path | None = None, *,
-                      measure: Callable[..., float] = measure_sdpa_over_eager) -> AttentionChoice:
-    """This rank's choice for `model` (no collective; agree_attention over the ranks). I/O: the cache, the timing."""
-    current = switchable(model)
-    if requested != "auto" or current is None:
-        return decide_attention(requested, current)
+def _cache(model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool, threads: int,
+           cache_dir: Path | None) -> tuple[Path, str]:
     import torch
     import transformers
 
-    path = (cache_dir or envvars.cache_dir()) / CACHE_FILE
     key = cache_key(features, f"torch {torch.__version__} transformers {transformers.__version__}", threads, model,
                     batch, seq, bf16)
+    return (cache_dir or envvars.cache_dir()) / CACHE_FILE, key
+
+
+def remember_attention(ratio: float, model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool,
+                       threads: int, cache_dir: Path | None = None) -> bool:
+    """Cache the ratio the ranks agreed on (agreed_ratio) for the next run on this kind of machine."""
+    path, key = _cache(model, features, batch, seq, bf16, threads, cache_dir)
+    return cachefile.store_entry(path, CACHE_VERSION, key, {
+        "sdpa_over_eager": ratio, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        what="the attention timing")
+
+
+def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool,
+                      threads: int, cache_dir: Path | None = None, *, store: bool = True,
+                      measure: Callable[..., float] = measure_sdpa_over_eager) -> AttentionChoice:
+    """This rank's choice for `model` (no collective; agree_attention over the ranks). I/O: the cache, the timing.
+    `store` False leaves caching a fresh timing to the caller (remember_attention, after the ranks agree)."""
+    current = switchable(model)
+    if requested != "auto" or current is None:
+        return decide_attention(requested, current)
+    path, key = _cache(model, features, batch, seq, bf16, threads, cache_dir)
     ratio = cached_ratio(path, key)
     if ratio is not None:
         return decide_attention("auto", current, ratio, cached=True)
@@ -177,11 +200,12 @@ def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: 
         except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:  # a model this timing cannot run
             return AttentionChoice(current, f"kept: timing failed ({type(exc).__name__}: {str(exc)[:80]})",
                                    source="model")
-    cachefile.store_entry(path, CACHE_VERSION, key, {
-        "sdpa_over_eager": ratio, "calibration_s": round(time.perf_counter() - start, 3),
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, what="the attention timing")
+    if store:
+        cachefile.store_entry(path, CACHE_VERSION, key, {
+            "sdpa_over_eager": ratio, "calibration_s": round(time.perf_counter() - start, 3),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, what="the attention timing")
     return decide_attention("auto", current, ratio)
 
 
-__all__ = ["ATTENTION_CHOICES", "AttentionChoice", "agree_attention", "decide_attention", "measure_sdpa_over_eager",
-           "resolve_attention", "switchable"]
+__all__ = ["ATTENTION_CHOICES", "AttentionChoice", "agree_attention", "agreed_ratio", "decide_attention",
+           "measure_sdpa_over_eager", "remember_attention", "resolve_attention", "switchable"]

@@ -49,7 +49,7 @@ RUN_DEFINING = ("task", "model", "data", "eval_data", "batch_size", "grad_accum"
                 "warmup_ratio", "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision",
                 "allreduce_dtype")
 # What "auto" settings resolved to on the host that saved (config["resolved"]); may differ on another host.
-RESOLVED = ("precision", "backend", "allreduce", "threads")
+RESOLVED = ("precision", "backend", "allreduce", "threads", "attention")
 
 
 @dataclass

@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
-from corecpu.compute.attention import AttentionChoice, agree_attention
+from corecpu.compute.attention import AttentionChoice
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
@@ -185,7 +185,8 @@ class Run:
         return {"backend": self.backend, "allreduce": self.allreduce, "threads": self.threads,
                 "precision": p.name if p else None, "bf16_speedup": p.bf16_speedup if p else None,
                 "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size,
-                "binding": self.binding, "sparse_embedding_allreduce": self.sparse_embedding.name}
+                "binding": self.binding, "sparse_embedding_allreduce": self.sparse_embedding.name,
+                "attention": self.attention.name}
 
     # ------------------------------------------------------------ model
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, *,
@@ -202,7 +203,7 @@ class Run:
         apply_attention(model, attention)
         # Resolved choices as they stand once the precision is settled: what a resume compares.
         resolved = {**self.resolved(), "precision": precision.name, "bf16_speedup": precision.bf16_speedup,
-                    "source": precision.source}
+                    "source": precision.source, "attention": attention.name}
         wrapped, optimizer = wrap_model(
             model, optimizer, scheduler, precision=precision, checkpoint=checkpoint,
             restore=lambda ckpt: ckpt.restore(model, optimizer, scheduler, resolved=resolved, is_main=self.is_main,
@@ -235,9 +236,8 @@ class Run:
                          precision: PrecisionChoice) -> AttentionChoice:
         """sdpa or eager attention for `model` (wrap() settles it with this). A collective for more than one rank:
         every rank times both on its own cores, and eager is kept only if every rank found it faster."""
-        choice = measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
-                                   self.threads)
-        return agree_attention(self.gather(choice)) if self.world_size > 1 else choice
+        return measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
+                                 self.threads, agree=self.gather if self.world_size > 1 else lambda c: [c])
 
     @property
     def attention(self) -> AttentionChoice:

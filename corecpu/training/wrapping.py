@@ -22,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from corecpu.compute import ipex as _ipex
-from corecpu.compute.attention import AttentionChoice, resolve_attention, switchable
+from corecpu.compute.attention import (AttentionChoice, agree_attention, agreed_ratio, remember_attention,
+                                      resolve_attention, switchable)
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
@@ -98,12 +99,17 @@ def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, 
 
 
 def measure_attention(requested: str, model: torch.nn.Module, shape: tuple[int, int], precision: PrecisionChoice,
-                      threads: int) -> AttentionChoice:
-    """This rank's attention kernel for `model` (no collective): see corecpu.compute.attention. Timed on at most
-    ATTENTION_BATCH examples: each does the same work, so the ratio holds, and a first run pays 1 s, not 5."""
-    batch, seq = shape
-    return resolve_attention(requested, unwrap(model), read_cpu_features(), min(batch, ATTENTION_BATCH), seq,
-                             precision.name == "bf16", threads)
+                      threads: int, agree: Callable[[AttentionChoice], list[AttentionChoice]]) -> AttentionChoice:
+    """The attention kernel for `model` (see corecpu.compute.attention): this rank's timing, `agree` (every rank's
+    choice, a collective for more than one), then the agreed ratio cached where this rank timed afresh. Timed on at
+    most ATTENTION_BATCH examples: each does the same work, so the ratio holds, and a first run pays 1 s, not 5."""
+    args = (unwrap(model), read_cpu_features(), min(shape[0], ATTENTION_BATCH), shape[1], precision.name == "bf16",
+            threads)
+    mine = resolve_attention(requested, *args, store=False)
+    everyone = agree(mine)
+    if mine.source == "measured" and (ratio := agreed_ratio(everyone)) is not None:
+        remember_attention(ratio, *args)
+    return agree_attention(everyone)
 
 
 def apply_attention(model: torch.nn.Module, choice: AttentionChoice) -> None:

@@ -7,8 +7,8 @@ import torch
 from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, ResNetConfig,
                           ResNetForImageClassification)
 
-from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, decide_attention,
-                                       measure_sdpa_over_eager, resolve_attention, switchable)
+from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, agreed_ratio, decide_attention,
+                                       measure_sdpa_over_eager, remember_attention, resolve_attention, switchable)
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
 
@@ -86,3 +86,18 @@ def test_only_encoders_with_an_sdpa_path_are_switched() -> None:
 def test_timing_stays_inside_the_models_positions_and_vocabulary() -> None:
     model = tiny_bert()  # 512 positions, 500 ids
     assert 0.05 < measure_sdpa_over_eager(model, batch=1, seq=600, bf16=False, rounds=1) < 20
+
+
+def test_the_cache_keeps_the_ratio_the_ranks_agreed_on(tmp_path) -> None:
+    # Rank 0 timed eager 1.05x, rank 1 1.01x: sdpa for both. Caching each rank's own ratio would leave whichever
+    # wrote last, and the next run could pick eager; the smallest is what decided, so that is what is kept.
+    timings = [decide_attention("auto", "sdpa", 1.05), decide_attention("auto", "sdpa", 1.01)]
+    assert agree_attention(timings).name == "sdpa" and agreed_ratio(timings) == 1.01
+    assert agreed_ratio([decide_attention("sdpa", "sdpa")]) is None  # nothing was timed
+    model, features = tiny_bert(), read_cpu_features()
+    fresh = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, store=False, measure=lambda *a: 1.05)
+    assert fresh.name == "eager" and fresh.source == "measured"
+    assert not (tmp_path / "attention.json").exists()  # the caller stores after the ranks agree
+    assert remember_attention(agreed_ratio(timings), model, features, 4, 16, False, 1, tmp_path)
+    again = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=lambda *a: 9.0)
+    assert (again.name, again.source, again.sdpa_over_eager) == ("sdpa", "cached", 1.01)
