@@ -1,5 +1,5 @@
 """How a rank computes: fp32 or bf16 (AMX, or a cached calibration of the model's shapes), sdpa or eager
-attention (timed on the model, cached), and Intel Extension for PyTorch where it is installed.
+attention (timed on the model, cached), the dropout kernel, and Intel Extension for PyTorch where it is installed.
 
 May import: corecpu.errors, corecpu.envvars, corecpu.cpu; torch.
 """
@@ -8,3 +8,4 @@ May import: corecpu.errors, corecpu.envvars, corecpu.cpu; torch.
 PRECISIONS = ("auto", "fp32", "bf16")
 IPEX_CHOICES = ("auto", "off")
 ATTENTION_CHOICES = ("auto", "sdpa", "eager")
+DROPOUT_CHOICES = ("fast", "torch")

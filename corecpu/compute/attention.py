@@ -31,7 +31,7 @@ from corecpu.errors import CoreCPUError
 MARGIN = 1.03  # eager must beat SDPA by this much: within run-to-run noise the library's default stays
 LONG_STEP_S = 4.0  # warm-up steps longer than this: one timed round, not three (first run of a large model)
 CACHE_FILE = "attention.json"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the dropout kernel is part of the key (fast dropout makes eager relatively faster)
 KEY_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
 
 
@@ -99,10 +99,14 @@ def agreed_ratio(choices: list[AttentionChoice]) -> float | None:
     return min(ratios) if ratios else None
 
 
-def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, rounds: int = 3) -> float:
+def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, dropout: str = "torch",
+                            rounds: int = 3) -> float:
     """SDPA time / eager time of one training forward and backward of `model` on random ids (batch x seq), rounds
-    alternating the order. The model's weights, gradients, mode, kernel and the random stream are as they were."""
+    alternating the order, with the dropout kernel training uses (eager's dropout is the fast one where chosen;
+    SDPA draws its own). The model's weights, gradients, mode, kernel and the random stream are as they were."""
     import torch
+
+    from corecpu.compute.dropout import dropout_context  # imports torch: this module loads without it
 
     embedding = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
     vocab = int(getattr(embedding, "num_embeddings", 0) or getattr(model.config, "vocab_size", 0) or 1000)
@@ -121,7 +125,7 @@ def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, rounds
             def one(kernel: str) -> float:
                 model.set_attn_implementation(kernel)
                 start = clock()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), dropout_context(dropout):
                     out = model(**inputs)
                 logits = out.logits if hasattr(out, "logits") else out[0]
                 logits.float().sum().backward()
@@ -144,7 +148,7 @@ def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, rounds
 
 
 def cache_key(features: CpuFeatures, versions: str, threads: int, model: Any, batch: int, seq: int,
-              bf16: bool) -> str:
+              bf16: bool, dropout: str = "torch") -> str:
     config = model.config
     shape = {k: getattr(config, k, None) for k in ("model_type", "hidden_size", "num_attention_heads",
                                                    "num_hidden_layers", "intermediate_size",
@@ -152,7 +156,7 @@ def cache_key(features: CpuFeatures, versions: str, threads: int, model: Any, ba
     what = json.dumps({"model": shape, "class": type(model).__name__, "batch": batch, "seq": seq}, sort_keys=True)
     flags = ",".join(f for f in KEY_FLAGS if f in features.flags)
     return (f"{features.model_name} | {flags} | {versions} | {threads} threads | {'bf16' if bf16 else 'fp32'} | "
-            f"shapes {hashlib.sha256(what.encode()).hexdigest()[:12]}")
+            f"{dropout} dropout | shapes {hashlib.sha256(what.encode()).hexdigest()[:12]}")
 
 
 def cached_ratio(path: Path, key: str) -> float | None:
@@ -162,33 +166,33 @@ def cached_ratio(path: Path, key: str) -> float | None:
 
 
 def _cache(model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool, threads: int,
-           cache_dir: Path | None) -> tuple[Path, str]:
+           cache_dir: Path | None, dropout: str) -> tuple[Path, str]:
     import torch
     import transformers
 
     key = cache_key(features, f"torch {torch.__version__} transformers {transformers.__version__}", threads, model,
-                    batch, seq, bf16)
+                    batch, seq, bf16, dropout)
     return (cache_dir or envvars.cache_dir()) / CACHE_FILE, key
 
 
 def remember_attention(ratio: float, model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool,
-                       threads: int, cache_dir: Path | None = None) -> bool:
+                       threads: int, cache_dir: Path | None = None, *, dropout: str = "torch") -> bool:
     """Cache the ratio the ranks agreed on (agreed_ratio) for the next run on this kind of machine."""
-    path, key = _cache(model, features, batch, seq, bf16, threads, cache_dir)
+    path, key = _cache(model, features, batch, seq, bf16, threads, cache_dir, dropout)
     return cachefile.store_entry(path, CACHE_VERSION, key, {
         "sdpa_over_eager": ratio, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         what="the attention timing")
 
 
 def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: int, seq: int, bf16: bool,
-                      threads: int, cache_dir: Path | None = None, *, store: bool = True,
+                      threads: int, cache_dir: Path | None = None, *, store: bool = True, dropout: str = "torch",
                       measure: Callable[..., float] = measure_sdpa_over_eager) -> AttentionChoice:
     """This rank's choice for `model` (no collective; agree_attention over the ranks). I/O: the cache, the timing.
     `store` False leaves caching a fresh timing to the caller (remember_attention, after the ranks agree)."""
     current = switchable(model)
     if requested != "auto" or current is None:
         return decide_attention(requested, current)
-    path, key = _cache(model, features, batch, seq, bf16, threads, cache_dir)
+    path, key = _cache(model, features, batch, seq, bf16, threads, cache_dir, dropout)
     ratio = cached_ratio(path, key)
     if ratio is not None:
         return decide_attention("auto", current, ratio, cached=True)
@@ -196,7 +200,7 @@ def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: 
     with notices.phase(f"timing sdpa against eager attention on this model (batch {batch} x {seq} tokens; "
                        "once per CPU model)"):
         try:
-            ratio = measure(model, batch, seq, bf16)
+            ratio = measure(model, batch, seq, bf16, dropout)
         except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:  # a model this timing cannot run
             return AttentionChoice(current, f"kept: timing failed ({type(exc).__name__}: {str(exc)[:80]})",
                                    source="model")

@@ -47,9 +47,9 @@ FORMAT = 3  # 1: no file digests, extra keys at the top level of meta.json; 2: s
 # TrainConfig.run_defining(), from the fields marked where they are declared, task options included).
 RUN_DEFINING = ("task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay",
                 "warmup_ratio", "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision",
-                "allreduce_dtype")
+                "allreduce_dtype", "dropout")
 # What "auto" settings resolved to on the host that saved (config["resolved"]); may differ on another host.
-RESOLVED = ("precision", "backend", "allreduce", "threads", "attention")
+RESOLVED = ("precision", "backend", "allreduce", "threads", "attention", "dropout")
 
 
 @dataclass

@@ -44,6 +44,7 @@ from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import AttentionChoice
+from corecpu.compute.dropout import DropoutChoice, decide_dropout
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
@@ -166,6 +167,7 @@ class Run:
                      f"{'ipex.optimize' if self.ipex.usable else 'not used'} ({self.ipex.reason})"),
             "compile": "torch.compile" if self.options.compile else "off",
             "attention": str(self.attention),
+            "dropout": str(self.dropout),
             "sparse_embedding_allreduce": str(self.sparse_embedding),
         }
 
@@ -177,7 +179,8 @@ class Run:
         return [f"corecpu {self.world_size} rank(s) via {self.launch.launcher}; backend {self.backend} "
                 f"({self.backend_reason}); gradient all-reduce {self.allreduce} ({self.allreduce_reason})",
                 f"precision {self.describe()['precision']}; {self.threads} thread(s) per rank ({self.threads_reason}); "
-                f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}; attention {self.attention}"]
+                f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}; attention {self.attention}; "
+                f"dropout {self.dropout.name}"]
 
     def resolved(self) -> dict[str, Any]:
         """The machine-dependent choices as plain values: a resume compares them with the checkpoint's."""
@@ -186,7 +189,7 @@ class Run:
                 "precision": p.name if p else None, "bf16_speedup": p.bf16_speedup if p else None,
                 "source": p.source if p else None, "ipex": self.uses_ipex, "world_size": self.world_size,
                 "binding": self.binding, "sparse_embedding_allreduce": self.sparse_embedding.name,
-                "attention": self.attention.name}
+                "attention": self.attention.name, "dropout": self.dropout.name}
 
     # ------------------------------------------------------------ model
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, *,
@@ -199,13 +202,14 @@ class Run:
         if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
         precision = self.decide_precision(model, loader)
-        attention = self.decide_attention(model, loader, precision)
+        dropout = decide_dropout(self.options.dropout, self.options.compile)
+        attention = self.decide_attention(model, loader, precision, dropout)
         apply_attention(model, attention)
         # Resolved choices as they stand once the precision is settled: what a resume compares.
         resolved = {**self.resolved(), "precision": precision.name, "bf16_speedup": precision.bf16_speedup,
-                    "source": precision.source, "attention": attention.name}
+                    "source": precision.source, "attention": attention.name, "dropout": dropout.name}
         wrapped, optimizer = wrap_model(
-            model, optimizer, scheduler, precision=precision, checkpoint=checkpoint,
+            model, optimizer, scheduler, precision=precision, dropout=dropout, checkpoint=checkpoint,
             restore=lambda ckpt: ckpt.restore(model, optimizer, scheduler, resolved=resolved, is_main=self.is_main,
                                               untimed=self._clock.untimed),
             use_ipex=self.uses_ipex, compile=self.options.compile,
@@ -233,11 +237,19 @@ class Run:
         return agree_precision(self.gather(choice)) if self.world_size > 1 else choice
 
     def decide_attention(self, model: torch.nn.Module, loader: DataLoader | None,
-                         precision: PrecisionChoice) -> AttentionChoice:
+                         precision: PrecisionChoice, dropout: DropoutChoice | None = None) -> AttentionChoice:
         """sdpa or eager attention for `model` (wrap() settles it with this). A collective for more than one rank:
         every rank times both on its own cores, and eager is kept only if every rank found it faster."""
         return measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
-                                 self.threads, agree=self.gather if self.world_size > 1 else lambda c: [c])
+                                 self.threads, agree=self.gather if self.world_size > 1 else lambda c: [c],
+                                 dropout=dropout or decide_dropout(self.options.dropout, self.options.compile))
+
+    @property
+    def dropout(self) -> DropoutChoice:
+        """The dropout kernel inside the wrapped forward, and why; settled by wrap()."""
+        wrapped = self._wrapped.get()
+        return wrapped.dropout if wrapped is not None else DropoutChoice(
+            self.options.dropout, "settled when the model is wrapped")
 
     @property
     def attention(self) -> AttentionChoice:
@@ -394,7 +406,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     `options` (or keyword overrides of its fields): backend auto|gloo|ccl|mpi (process group); allreduce
     auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; sparse_embedding_allreduce auto|on|off (the word
     embedding's gradient by the rows some rank touched); precision auto|fp32|bf16; attention auto|sdpa|eager (a Hugging
-    Face model's attention kernel, timed at wrap()); threads (0: this rank's cores); ipex auto|off;
+    Face model's attention kernel, timed at wrap()); dropout fast|torch (the kernel of every F.dropout inside the
+    wrapped forward); threads (0: this rank's cores); ipex auto|off;
     compile; dist_timeout; step_timeout (the watchdog run.steps() runs).
     graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, and run.steps() saves and exits at the
     next step boundary (run.steps() turns it on itself when it runs in the main thread).

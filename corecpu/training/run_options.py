@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from corecpu.compute import ATTENTION_CHOICES, IPEX_CHOICES, PRECISIONS
+from corecpu.compute import ATTENTION_CHOICES, DROPOUT_CHOICES, IPEX_CHOICES, PRECISIONS
 from corecpu.cpu.sharing import BINDING_CHOICES
 from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, SPARSE_EMBEDDING_CHOICES
 from corecpu.errors import CoreCPUError
@@ -48,6 +48,10 @@ class RunOptions:
     attention: str = opt("auto", "attention kernel of a Hugging Face model: sdpa (transformers' default), eager, or "
                          "auto: each timed on one training step of the model at the loader's batch shape (once per "
                          "CPU, cached) and eager kept only where it was at least 1.03x as fast", choices=ATTENTION_CHOICES)
+    dropout: str = opt("fast", "dropout kernel inside the wrapped forward: fast (a quarter of torch's random draws, p "
+                       "rounded to 1/65536; 1.7x torch's dropout; MiniLM's step 1.15x faster on one core) or torch "
+                       "(torch's own random stream); torch.compile keeps its own", choices=DROPOUT_CHOICES,
+                       defines_run=True)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",

@@ -3,7 +3,8 @@
     precision (settled on the loader's shapes, agreed by every rank)
     -> attention kernel, sdpa or eager (timed on the model at those shapes, agreed by every rank)
     -> resume from the checkpointer, into the plain model and optimizer
-    -> ipex.optimize -> a forward that autocasts -> torch.compile -> DDP with the chosen gradient path
+    -> ipex.optimize -> a forward that autocasts and uses the chosen dropout kernel -> torch.compile
+    -> DDP with the chosen gradient path
        (the word embedding's gradient, where sparse_rows applies, outside DDP's buckets: its touched rows)
 
 `Wrapped` is that result, frozen; wrap() creates it once and the run's steps read it (the model whose
@@ -24,6 +25,7 @@ from torch.utils.data import DataLoader
 from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import (AttentionChoice, agree_attention, agreed_ratio, remember_attention,
                                       resolve_attention, switchable)
+from corecpu.compute.dropout import DropoutChoice, with_dropout
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
@@ -51,6 +53,7 @@ class Wrapped:
     sparse: SparseChoice = SparseChoice("off", "single process")  # the word embedding's rows (sparse_rows)
     sparse_rows: SparseRows | None = None  # its reducer when on
     attention: AttentionChoice = AttentionChoice("unchanged", "not decided")  # the kernel training runs with
+    dropout: DropoutChoice = DropoutChoice("torch", "not decided")  # the dropout kernel inside the forward
 
     @property
     def resumed(self) -> LoopState | None:
@@ -99,16 +102,17 @@ def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, 
 
 
 def measure_attention(requested: str, model: torch.nn.Module, shape: tuple[int, int], precision: PrecisionChoice,
-                      threads: int, agree: Callable[[AttentionChoice], list[AttentionChoice]]) -> AttentionChoice:
+                      threads: int, agree: Callable[[AttentionChoice], list[AttentionChoice]],
+                      dropout: DropoutChoice) -> AttentionChoice:
     """The attention kernel for `model` (see corecpu.compute.attention): this rank's timing, `agree` (every rank's
     choice, a collective for more than one), then the agreed ratio cached where this rank timed afresh. Timed on at
     most ATTENTION_BATCH examples: each does the same work, so the ratio holds, and a first run pays 1 s, not 5."""
     args = (unwrap(model), read_cpu_features(), min(shape[0], ATTENTION_BATCH), shape[1], precision.name == "bf16",
             threads)
-    mine = resolve_attention(requested, *args, store=False)
+    mine = resolve_attention(requested, *args, store=False, dropout=dropout.name)
     everyone = agree(mine)
     if mine.source == "measured" and (ratio := agreed_ratio(everyone)) is not None:
-        remember_attention(ratio, *args)
+        remember_attention(ratio, *args, dropout=dropout.name)
     return agree_attention(everyone)
 
 
@@ -120,7 +124,7 @@ def apply_attention(model: torch.nn.Module, choice: AttentionChoice) -> None:
 
 
 def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any, *,
-               precision: PrecisionChoice, checkpoint: Checkpoints | None,
+               precision: PrecisionChoice, dropout: DropoutChoice, checkpoint: Checkpoints | None,
                restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
                ddp_hook: Callable[[], Any] | None, sparse_embedding: str = "off",
                wire: str = "fp32") -> tuple[Wrapped, torch.optim.Optimizer | None]:
@@ -135,6 +139,7 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         model, optimizer = _ipex.optimize(model, optimizer, scheduler, precision)
     if precision.autocast_dtype is not None:  # on the user's module, so unwrap(model) autocasts too
         model.forward = _autocasting(model.forward)  # type: ignore[method-assign]
+    model.forward = with_dropout(model.forward, dropout)  # type: ignore[method-assign]
     if compile:
         # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]
@@ -156,7 +161,8 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
             rows = SparseRows(weight, wire, embedding=lookup).attach(model)  # broadcasts rank 0's embedding too
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
-    return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows), optimizer
+    return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
+                   dropout=dropout), optimizer
 
 
 def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:

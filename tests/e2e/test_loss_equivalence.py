@@ -38,7 +38,7 @@ from helpers.common import fresh_cache
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = "c134c55b11ee1cc6286b22d31ba8f401bf3951c4"  # main when issue 25's refactor began
 COMMON = ["--model", "tiny", "--precision", "fp32", "--progress", "off", "--log-every", "1", "--keep-checkpoints", "3"]
-CURRENT = ["--attention", "sdpa"]  # c134c55's kernel; --attention auto may time eager faster (other rounding)
+CURRENT = ["--attention", "sdpa", "--dropout", "torch"]  # c134c55's kernels; auto may time eager faster (other rounding)
 WALL_CLOCK = ("samples_per_s", "tokens_per_s", "elapsed_s", "mfu")  # timings differ run to run; nothing else may
 
 

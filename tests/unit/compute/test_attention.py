@@ -58,19 +58,22 @@ def test_timing_leaves_the_model_and_the_random_stream_as_they_were() -> None:
 def test_auto_times_once_then_reads_the_cache(tmp_path) -> None:
     calls = []
 
-    def fake(model, batch, seq, bf16):
-        calls.append((batch, seq, bf16))
+    def fake(model, batch, seq, bf16, dropout):
+        calls.append((batch, seq, bf16, dropout))
         return 1.25
 
     model, features = tiny_bert(), read_cpu_features()
     first = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=fake)
     second = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=fake)
     assert (first.name, first.source, second.name, second.source) == ("eager", "measured", "eager", "cached")
-    assert calls == [(4, 16, False)]
+    assert calls == [(4, 16, False, "torch")]
     resolve_attention("auto", model, features, 4, 32, False, 1, tmp_path, measure=fake)  # another shape: timed
     assert len(calls) == 2
+    # The fast dropout kernel makes eager's step shorter and not SDPA's: another timing.
+    resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=fake, dropout="fast")
+    assert calls[-1] == (4, 16, False, "fast")
     assert resolve_attention("sdpa", model, features, 4, 16, False, 1, tmp_path, measure=fake).source == "requested"
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 def test_only_encoders_with_an_sdpa_path_are_switched() -> None:

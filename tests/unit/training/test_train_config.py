@@ -130,7 +130,7 @@ def test_run_defining_settings_come_from_where_they_are_declared():
     from corecpu.training.checkpoint_state import config_changes
 
     shared = {"task", "model", "data", "eval_data", "batch_size", "grad_accum", "lr", "weight_decay", "warmup_ratio",
-              "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "allreduce_dtype"}
+              "max_grad_norm", "epochs", "max_steps", "seed", "max_seq_len", "precision", "allreduce_dtype", "dropout"}
     classification = parse_config([]).run_defining()
     qa = parse_config(["--task", "qa"]).run_defining()
     assert set(classification) == shared | {"text_column", "text_pair_column", "label_column"}

@@ -1,0 +1,94 @@
+"""corecpu.compute.dropout: the fast kernel drops with p's probability, scales without bias, replays from a seed,
+and takes over only training-mode, out-of-place F.dropout calls inside the wrapped forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corecpu.compute.dropout import (DropoutChoice, decide_dropout, drop_threshold, dropout_context, fast_dropout,
+                                     with_dropout)
+
+
+def test_threshold_rounds_p_to_1_in_65536_or_declines() -> None:
+    assert drop_threshold(0.1) == 6554 and drop_threshold(0.5) == 32768
+    for p in (0.0, 1.0, 0.001, 1e-6):  # nothing to draw, or a rounding that would move p by more than 0.1%
+        assert drop_threshold(p) is None
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_drops_with_probability_p_in_every_lane_and_keeps_the_mean(p: float) -> None:
+    torch.manual_seed(0)
+    n = 1 << 20
+    out = fast_dropout(torch.ones(n), p)
+    dropped = out == 0
+    tolerance = 5 * (p * (1 - p) / (n / 4)) ** 0.5  # five sigma of one of the four lanes
+    # Each 64-bit draw gives four 16-bit lanes: a lane whose bits were not all random would drop at another rate.
+    for lane in range(4):
+        assert abs(dropped[lane::4].float().mean().item() - p) < tolerance
+    rounded = drop_threshold(p) / 65536
+    assert torch.all(out[~dropped] == 1 / (1 - rounded))
+    assert abs(out.double().mean().item() - 1.0) < 5 * (p / (1 - p) / n) ** 0.5  # unbiased
+
+
+def test_backward_multiplies_by_the_same_mask_and_dtype_and_strides_are_kept() -> None:
+    torch.manual_seed(1)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(8, 6, dtype=dtype).t().requires_grad_()  # not contiguous
+        out = fast_dropout(x, 0.3)
+        assert out.dtype == dtype and out.shape == x.shape
+        out.sum().backward()
+        mask = out.detach() / x.detach()
+        assert torch.equal(x.grad != 0, out != 0)
+        torch.testing.assert_close(x.grad[out != 0], mask[out != 0])
+
+
+def test_a_seed_replays_the_stream() -> None:
+    x = torch.randn(1000)
+    torch.manual_seed(7)
+    first, after = fast_dropout(x, 0.1), torch.rand(1)
+    torch.manual_seed(7)
+    assert torch.equal(fast_dropout(x, 0.1), first) and torch.equal(torch.rand(1), after)
+
+
+class _Block(torch.nn.Module):
+    """Both ways models call dropout: an nn.Dropout module, and F.dropout (Hugging Face's eager attention)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(self.drop(x), p=0.1, training=self.training)
+
+
+def test_the_wrapped_forward_uses_the_fast_kernel_and_nothing_else_changes() -> None:
+    block, x = _Block().train(), torch.ones(4096)
+    forward = block.forward
+    block.forward = with_dropout(block.forward, DropoutChoice("fast", "test"))
+    torch.manual_seed(3)
+    wrapped = block(x)
+    torch.manual_seed(3)
+    assert torch.equal(wrapped, fast_dropout(fast_dropout(x, 0.1), 0.1))
+    torch.manual_seed(3)
+    assert not torch.equal(wrapped, forward(x))  # outside the wrapper: torch's kernel, another stream
+    assert torch.equal(block.eval()(x), x)  # evaluation: no dropout at all
+    assert with_dropout(forward, DropoutChoice("torch", "requested")) is forward
+    torch.manual_seed(4)
+    reference = _in_place_dropout(x, 0.2)  # torch's
+    with dropout_context("fast"):  # in-place calls and p=0 stay torch's
+        torch.manual_seed(4)
+        assert torch.equal(_in_place_dropout(x, 0.2), reference)
+        assert torch.equal(torch.nn.functional.dropout(x, 0.0, True), x)
+
+
+def _in_place_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    y = x.clone()
+    torch.nn.functional.dropout(y, p, True, True)
+    return y
+
+
+def test_compile_keeps_torchs_kernel_and_torch_is_asked_for_by_name() -> None:
+    assert decide_dropout("fast", compile=False).name == "fast"
+    assert decide_dropout("fast", compile=True).name == "torch"
+    assert decide_dropout("torch", compile=False) == DropoutChoice("torch", "requested")
