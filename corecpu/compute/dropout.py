@@ -5,8 +5,9 @@ dropout draws one 32-bit number from the (serial) mt19937 generator per element,
 then divides the mask by 1-p and multiplies. This kernel draws 64 random bits per 4 elements and keeps an element
 where its 16 bits clear a threshold. The drop probability is p rounded to a multiple of 1/65536 (0.1 becomes
 0.1000061) and the kept values are scaled by the inverse of the rounded keep probability, so the expectation is
-exactly the input's. Measured on the development Xeon (one thread, forward and backward): 1.7x torch's on a
-hidden-state tensor and on attention probabilities, 12-17% off MiniLM's whole step.
+exactly the input's. Measured on the development Xeon: 1.7x torch's (one thread, forward and backward, on a
+hidden-state tensor and on attention probabilities); a fixed one-core MiniLM step 12-18% shorter; the real 2-rank
+job 1.03-1.07x (benchmarks/README.md).
 
 It is a different random stream from torch's, drawn from the same default generator: a seeded run repeats itself,
 a checkpoint's random state resumes it bit for bit, and `--dropout torch` gives torch's stream back. It is not

@@ -49,7 +49,7 @@ class RunOptions:
                          "auto: each timed on one training step of the model at the loader's batch shape (once per "
                          "CPU, cached) and eager kept only where it was at least 1.03x as fast", choices=ATTENTION_CHOICES)
     dropout: str = opt("fast", "dropout kernel inside the wrapped forward: fast (a quarter of torch's random draws, p "
-                       "rounded to 1/65536; 1.7x torch's dropout; MiniLM's step 1.15x faster on one core) or torch "
+                       "rounded to 1/65536; 1.7x torch's dropout; MiniLM's 2-rank job 1.03-1.07x) or torch "
                        "(torch's own random stream); torch.compile keeps its own", choices=DROPOUT_CHOICES,
                        defines_run=True)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
