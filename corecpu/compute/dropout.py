@@ -17,6 +17,8 @@ same elementwise work, and a start-up timing that flipped between runs would cha
 It applies where a model calls `torch.nn.functional.dropout` (every `nn.Dropout`, Hugging Face's eager attention,
 peft's LoRA dropout) inside the wrapped forward, through a TorchFunctionMode. torch.compile lowers dropout to its
 own generated kernel, so the mode is not entered under it; SDPA's math fallback draws its mask in C++ and keeps it.
+Gradient checkpointing recomputes a forward in the backward, outside the mode: a model with it on keeps torch's
+kernel, and a forward inside torch.utils.checkpoint (found at each call) does too, so the recomputed masks match.
 """
 
 from __future__ import annotations
@@ -43,12 +45,30 @@ class DropoutChoice:
         return f"{self.name} ({self.reason})"
 
 
-def decide_dropout(requested: str, compile: bool) -> DropoutChoice:
+def decide_dropout(requested: str, compile: bool, checkpointing: bool = False) -> DropoutChoice:
     if requested == "torch":
         return DropoutChoice("torch", "requested")
     if compile:
         return DropoutChoice("torch", "torch.compile generates its own dropout kernel")
+    if checkpointing:
+        return DropoutChoice("torch", "gradient checkpointing recomputes the forward in the backward, outside "
+                                      "the wrapped forward, with torch's kernel")
     return DropoutChoice("fast", "a quarter of torch's random draws; --dropout torch for torch's random stream")
+
+
+def uses_gradient_checkpointing(model: torch.nn.Module) -> bool:
+    """A Hugging Face model (or layer) with gradient checkpointing turned on."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _recorded_elsewhere() -> bool:
+    """Inside torch.utils.checkpoint's forward: saved-tensor hooks (non-reentrant) or no grad (reentrant). Its
+    backward recomputes that forward outside the wrapped forward, with torch's kernel; the masks must match, so
+    such a forward keeps torch's kernel too (also under offloading hooks, which recompute nothing: no harm)."""
+    if not torch.is_grad_enabled():
+        return True
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is not None and top(False) is not None
 
 
 def drop_threshold(p: float) -> int | None:
@@ -95,7 +115,8 @@ class _FastDropoutMode(TorchFunctionMode):
         if func is torch.nn.functional.dropout:
             bound = dict(zip(("input", "p", "training", "inplace"), args), **kwargs)
             p, training, inplace = bound.get("p", 0.5), bound.get("training", True), bound.get("inplace", False)
-            if training and not inplace and isinstance(bound.get("input"), torch.Tensor):
+            tensor = isinstance(bound.get("input"), torch.Tensor)
+            if training and not inplace and tensor and not _recorded_elsewhere():
                 return fast_dropout(bound["input"], float(p))
         return func(*args, **kwargs)
 

@@ -44,7 +44,7 @@ from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import AttentionChoice
-from corecpu.compute.dropout import DropoutChoice, decide_dropout
+from corecpu.compute.dropout import DropoutChoice, decide_dropout, uses_gradient_checkpointing
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
@@ -202,7 +202,7 @@ class Run:
         if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
         precision = self.decide_precision(model, loader)
-        dropout = decide_dropout(self.options.dropout, self.options.compile)
+        dropout = decide_dropout(self.options.dropout, self.options.compile, uses_gradient_checkpointing(model))
         attention = self.decide_attention(model, loader, precision, dropout)
         apply_attention(model, attention)
         # Resolved choices as they stand once the precision is settled: what a resume compares.
@@ -242,7 +242,8 @@ class Run:
         every rank times both on its own cores, and eager is kept only if every rank found it faster."""
         return measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
                                  self.threads, agree=self.gather if self.world_size > 1 else lambda c: [c],
-                                 dropout=dropout or decide_dropout(self.options.dropout, self.options.compile))
+                                 dropout=dropout or decide_dropout(self.options.dropout, self.options.compile,
+                                                                   uses_gradient_checkpointing(model)))
 
     @property
     def dropout(self) -> DropoutChoice:

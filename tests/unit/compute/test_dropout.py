@@ -92,3 +92,42 @@ def test_compile_keeps_torchs_kernel_and_torch_is_asked_for_by_name() -> None:
     assert decide_dropout("fast", compile=False).name == "fast"
     assert decide_dropout("fast", compile=True).name == "torch"
     assert decide_dropout("torch", compile=False) == DropoutChoice("torch", "requested")
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpointed_forward_gets_the_gradient_its_recomputation_gives(reentrant: bool) -> None:
+    # torch.utils.checkpoint recomputes the forward in the backward, outside the wrapped forward: with the fast kernel
+    # in the first pass and torch's in the second, the masks would differ and the gradient would be wrong, silently.
+    from torch.utils.checkpoint import checkpoint
+
+    linear = torch.nn.Linear(8, 8)
+    x = torch.randn(64, 8, requires_grad=True)
+
+    def block(inputs: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(linear(inputs), 0.5, True) * 3
+
+    def run(kernel: str, checkpointed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        linear.weight.grad = None
+        torch.manual_seed(0)
+        with dropout_context(kernel):
+            out = checkpoint(block, x, use_reentrant=reentrant) if checkpointed else block(x)
+        out.sum().backward()
+        return out.detach(), linear.weight.grad.clone()
+
+    out, grad = run("fast", checkpointed=True)
+    # The pair must be one kernel's forward and that same kernel's gradient.
+    pairs = [run(kernel, checkpointed=False) for kernel in ("fast", "torch")]
+    assert any(torch.equal(out, ref_out) and torch.allclose(grad, ref_grad) for ref_out, ref_grad in pairs)
+
+
+def test_a_model_with_gradient_checkpointing_keeps_torchs_kernel() -> None:
+    from transformers import BertConfig, BertModel
+
+    from corecpu.compute.dropout import uses_gradient_checkpointing
+
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32))
+    assert not uses_gradient_checkpointing(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert uses_gradient_checkpointing(model)
+    assert decide_dropout("fast", compile=False, checkpointing=True).name == "torch"
