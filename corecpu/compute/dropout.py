@@ -45,9 +45,23 @@ class DropoutChoice:
         return f"{self.name} ({self.reason})"
 
 
-def decide_dropout(requested: str, compile: bool, checkpointing: bool = False) -> DropoutChoice:
+# Config fields Hugging Face models pass to their functional attention dropout (no nn.Dropout module holds them).
+_CONFIG_DROPOUTS = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "attention_probs_dropout")
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether training `model` draws any dropout mask: an nn.Dropout with p > 0, or a config's attention dropout."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return any(isinstance(v := getattr(config, name, 0), (int, float)) and v > 0 for name in _CONFIG_DROPOUTS)
+
+
+def decide_dropout(requested: str, compile: bool, checkpointing: bool = False, dropout: bool = True) -> DropoutChoice:
     if requested == "torch":
         return DropoutChoice("torch", "requested")
+    if not dropout:  # nothing to draw: the wrapped forward stays as it is, with no mode to pass through
+        return DropoutChoice("torch", "the model has no dropout")
     if compile:
         return DropoutChoice("torch", "torch.compile generates its own dropout kernel")
     if checkpointing:

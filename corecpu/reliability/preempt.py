@@ -166,6 +166,14 @@ def uninstall() -> None:
     _state.signum, _state.first_at, _state.installed, _state._thread = 0, 0.0, False, None
 
 
+def uninstall_unless_stopping() -> None:
+    """A run's close: restore the default handlers, unless a stop signal ended the run. Then the process is on its
+    way out (exit 75), and a second signal during the teardown must still exit at once with its line; Python's
+    default handler would raise KeyboardInterrupt wherever the teardown is (seen in gc.collect(), a traceback)."""
+    if not _state.signum:
+        uninstall()
+
+
 def installed() -> bool:
     """Whether stop signals are being caught (install() ran and uninstall() did not)."""
     return _state.installed

@@ -44,7 +44,7 @@ from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import AttentionChoice
-from corecpu.compute.dropout import DropoutChoice, decide_dropout, uses_gradient_checkpointing
+from corecpu.compute.dropout import DropoutChoice, decide_dropout, has_dropout, uses_gradient_checkpointing
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
@@ -202,7 +202,7 @@ class Run:
         if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
         precision = self.decide_precision(model, loader)
-        dropout = decide_dropout(self.options.dropout, self.options.compile, uses_gradient_checkpointing(model))
+        dropout = self._dropout_for(model)
         attention = self.decide_attention(model, loader, precision, dropout)
         apply_attention(model, attention)
         # Resolved choices as they stand once the precision is settled: what a resume compares.
@@ -242,8 +242,11 @@ class Run:
         every rank times both on its own cores, and eager is kept only if every rank found it faster."""
         return measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
                                  self.threads, agree=self.gather if self.world_size > 1 else lambda c: [c],
-                                 dropout=dropout or decide_dropout(self.options.dropout, self.options.compile,
-                                                                   uses_gradient_checkpointing(model)))
+                                 dropout=dropout or self._dropout_for(model))
+
+    def _dropout_for(self, model: torch.nn.Module) -> DropoutChoice:
+        return decide_dropout(self.options.dropout, self.options.compile, uses_gradient_checkpointing(model),
+                              has_dropout(model))
 
     @property
     def dropout(self) -> DropoutChoice:
@@ -309,7 +312,7 @@ class Run:
             epochs = -(-max_steps // Schedule.for_loader(loader, grad_accum).steps_per_epoch)
         if not preempt.installed() and _main_thread():  # a stop signal saves instead of killing the loop
             preempt.install(announce=self.is_main)
-            self.on_close(preempt.uninstall)
+            self.on_close(preempt.uninstall_unless_stopping)
         return Steps(loader, Schedule.for_loader(loader, grad_accum, epochs, max_steps), clock=self._clock,
                      wrapped=self._wrapped.get, is_main=self.is_main, world_size=self.world_size,
                      sum_over_ranks=self.all_reduce_sum)
@@ -452,7 +455,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
         if measured is not None:
             life.on_close(measured.close)
         if graceful_stop:
-            life.on_close(preempt.uninstall)
+            life.on_close(preempt.uninstall_unless_stopping)
         bindings = tuple(_frozen(b) for b in _pg.gather_objects(_threads.binding_report(env)))
 
         def start_watchdog() -> "watchdog.Watchdog | watchdog.NullWatchdog":

@@ -18,6 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compr
 from transformers import BertForSequenceClassification
 
 import corecpu
+from corecpu.compute.dropout import DropoutChoice
 from corecpu.compute.precision import PrecisionChoice
 from corecpu.distributed import sparse_rows
 from corecpu.distributed.allreduce import MpiGradientAllreduce, ProcessGroupAllreduce
@@ -29,6 +30,7 @@ from corecpu.training.wrapping import wrap_model
 OUT, PATH = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "gloo"
 VOCAB, STEPS, BATCH, SEQ = 8192, 3, 4, 12
 FP32 = PrecisionChoice("fp32", "test")
+TORCH_DROPOUT = DropoutChoice("torch", "test")  # the comparison is with plain DDP, whose forward is torch's
 
 
 def batches(rank: int, world: int, accum: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -52,8 +54,9 @@ def train(rank: int, world: int, mode: str, accum: int, wire: str, comm: object,
     with torch.no_grad():  # rank 0's embedding must reach every rank, although DDP no longer broadcasts it when on
         weight.add_(rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    wrapped, opt = wrap_model(model, opt, None, precision=FP32, checkpoint=None, restore=lambda c: None,
-                              use_ipex=False, compile=False, ddp_hook=lambda: comm, sparse_embedding=mode, wire=wire)
+    wrapped, opt = wrap_model(model, opt, None, precision=FP32, dropout=TORCH_DROPOUT, checkpoint=None,
+                              restore=lambda c: None, use_ipex=False, compile=False, ddp_hook=lambda: comm,
+                              sparse_embedding=mode, wire=wire)
     ddp = wrapped.model
     grads, unions = [], []
     data = batches(rank, world, accum)

@@ -131,3 +131,17 @@ def test_a_model_with_gradient_checkpointing_keeps_torchs_kernel() -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert uses_gradient_checkpointing(model)
     assert decide_dropout("fast", compile=False, checkpointing=True).name == "torch"
+
+
+def test_a_model_without_dropout_is_left_alone() -> None:
+    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+
+    from corecpu.compute.dropout import has_dropout
+
+    small = dict(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    assert has_dropout(BertModel(BertConfig(**small)))
+    # Attention dropout alone is functional (no nn.Dropout holds it): the config says so.
+    assert has_dropout(BertModel(BertConfig(**small, hidden_dropout_prob=0.0)))
+    assert not has_dropout(BertModel(BertConfig(**small, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
+    assert not has_dropout(LlamaForCausalLM(LlamaConfig(**small, num_key_value_heads=2)))  # attention_dropout 0.0
+    assert decide_dropout("fast", compile=False, dropout=False).name == "torch"

@@ -44,6 +44,22 @@ def test_stop_agreement_without_a_process_group_is_the_local_flag():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_a_run_stopped_by_a_signal_keeps_catching_them_through_its_teardown():
+    # A second Ctrl-C during the close of a stopped run met Python's default handler: KeyboardInterrupt inside
+    # gc.collect(), with a traceback (a CI run of the chaos test). It must go on meeting the watcher, which exits.
+    preempt.install()
+    try:
+        preempt.uninstall_unless_stopping()  # not stopped: the handlers go back
+        assert not preempt.installed() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        preempt.install()
+        preempt._state.signum = signal.SIGINT
+        preempt.uninstall_unless_stopping()
+        assert preempt.installed() and signal.getsignal(signal.SIGINT) is preempt._noop_handler
+    finally:
+        preempt.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 # ---------------------------------------------------------------- lifeline
 def _stat(pid: int, ppid: int, comm: str = "python") -> str:
     return f"{pid} ({comm}) S {ppid} 1 1 0 -1"
