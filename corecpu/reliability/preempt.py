@@ -167,10 +167,21 @@ def uninstall() -> None:
 
 
 def uninstall_unless_stopping() -> None:
-    """A run's close: restore the default handlers, unless a stop signal ended the run. Then the process is on its
-    way out (exit 75), and a second signal during the teardown must still exit at once with its line; Python's
-    default handler would raise KeyboardInterrupt wherever the teardown is (seen in gc.collect(), a traceback)."""
+    """A run's closer: restore the default handlers; but where a stop signal ended the run, ignore further ones
+    until release_after_stop(). The checkpoint is written and the process is on its way out (exit 75): a second
+    Ctrl-C during the teardown would meet Python's default handler (KeyboardInterrupt wherever the teardown is, a
+    traceback; seen in gc.collect() in CI), or the watcher's "exiting now without saving" after the save."""
     if not _state.signum:
+        uninstall()
+        return
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def release_after_stop() -> None:
+    """The end of a stopped run's teardown: the default handlers back (a notebook that caught SystemExit gets its
+    Ctrl-C back)."""
+    if _state.installed and _state.signum:
         uninstall()
 
 

@@ -394,7 +394,10 @@ class Run:
     # ------------------------------------------------------------ teardown
     def close(self) -> None:
         """Release the all-reduce thread, the watchdog and the process group. Safe to call twice."""
-        self._life.close(teardown=_pg.teardown)
+        try:
+            self._life.close(teardown=_pg.teardown)
+        finally:
+            preempt.release_after_stop()  # a stopped run ignored stop signals through its teardown
 
     def __enter__(self) -> "Run":
         return self
