@@ -30,6 +30,9 @@ def test_two_ranks_score_and_predict_like_one(tmp_path, flags):
     assert two["predictions"] == one["predictions"]
     assert two["scores"] == one["scores"]
     if flags:
-        assert two["null_odds"] == one["null_odds"]
+        # The same windows, but not the same bits: one rank has both cores' threads and each of two ranks has one,
+        # and each run times its own attention kernel, so the GEMMs may sum in another order (CI saw 1e-7 apart).
+        assert two["null_odds"].keys() == one["null_odds"].keys()
+        assert two["null_odds"] == {k: pytest.approx(v, rel=1e-5, abs=1e-5) for k, v in one["null_odds"].items()}
         assert "eval_HasAns_f1" in one["scores"]
     assert len(set(one["predictions"].values())) > 3  # real, varied answers, not one constant span
