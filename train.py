@@ -97,8 +97,8 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
             loss = model(**batch).loss  # the wrapped forward autocasts where bf16 was chosen
             step.backward(loss)
             report.add(loss, len(batch["input_ids"]), meta, weight=step.weight)
-        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # the norm before clipping
-                     if cfg.max_grad_norm > 0 else None)
+        # The norm before clipping; with the fused AdamW the scale is applied inside optimizer.step(), in its one pass.
+        grad_norm = run.clip_grad_norm_(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else None
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()

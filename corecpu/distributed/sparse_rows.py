@@ -28,6 +28,7 @@ and every VERIFY_EVERY-th also scan, and a row found outside the ids switches th
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,8 @@ class SparseRows:
         self._ids: list[torch.Tensor] = []  # what the embedding was called with since the last sync
         self._id_count = 0
         self._sync_armed = False
+        # (the gradient, weakly: zero_grad(set_to_none) must free it; its version; the union): for reduced_rows()
+        self._reduced: tuple[weakref.ref, int, torch.Tensor] | None = None
         with torch.no_grad():  # DDP broadcasts rank 0's weights at start-up, but not an ignored one's
             dist.broadcast(weight.detach(), src=dist.get_global_rank(self.group, 0), group=self.group)
         self._hooks = [weight.register_post_accumulate_grad_hook(self._reduce)]
@@ -188,9 +191,20 @@ class SparseRows:
         if union.numel() > DENSE_ABOVE * grad.shape[0]:
             self.dense_steps += 1
             self._average(grad)
-        elif union.numel():
-            rows = grad.index_select(0, union)
-            grad.index_copy_(0, union, self._average(rows))
+            self._reduced = None
+        else:
+            if union.numel():
+                rows = grad.index_select(0, union)
+                grad.index_copy_(0, union, self._average(rows))
+            self._reduced = (weakref.ref(grad), grad._version, union)
+
+    def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None:
+        """The rows outside which `grad` is zero on every rank (the union the last sync reduced) while `grad` is the
+        very tensor that sync wrote and nothing has written it since; else None."""
+        if self._reduced is None:
+            return None
+        written, version, union = self._reduced
+        return union if grad is written() and grad._version == version else None
 
     def _union(self, rows: torch.Tensor) -> torch.Tensor:
         """Collective: every rank's touched rows, as one sorted union (counts first, then padded ids)."""

@@ -169,6 +169,8 @@ class Run:
             "attention": str(self.attention),
             "dropout": str(self.dropout),
             "sparse_embedding_allreduce": str(self.sparse_embedding),
+            "grad_clip": (wrapped.clipper.describe() if (wrapped := self._wrapped.get()) and wrapped.clipper
+                          else f"{self.options.grad_clip} (settled when the model is wrapped)"),
         }
 
     def banner(self) -> list[str]:
@@ -214,9 +216,18 @@ class Run:
                                               untimed=self._clock.untimed),
             use_ipex=self.uses_ipex, compile=self.options.compile,
             ddp_hook=self._gradient_path if self.world_size > 1 else None,
-            sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype)
+            sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype,
+            grad_clip=self.options.grad_clip)
         self._wrapped.set(dataclasses.replace(wrapped, attention=attention))
         return wrapped.model, optimizer
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ on the wrapped model: the total norm before clipping. With torch's fused
+        AdamW the scale is applied inside the next optimizer.step() (corecpu.training.clipping). After wrap()."""
+        wrapped = self._wrapped.get()
+        if wrapped is None or wrapped.clipper is None:
+            raise CoreCPUError("clip_grad_norm_() clips the wrapped model's gradients: call run.wrap() first")
+        return wrapped.clipper(max_norm)
 
     def _gradient_path(self) -> GradientAllreduce:
         """The path setup() measured and kept, else a new one of the chosen kind (released at close)."""

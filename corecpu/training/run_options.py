@@ -16,6 +16,7 @@ from corecpu.compute import ATTENTION_CHOICES, DROPOUT_CHOICES, IPEX_CHOICES, PR
 from corecpu.cpu.sharing import BINDING_CHOICES
 from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, SPARSE_EMBEDDING_CHOICES
 from corecpu.errors import CoreCPUError
+from corecpu.training.clipping import GRAD_CLIP_CHOICES
 
 
 def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, metavar: str | None = None, *,
@@ -52,6 +53,9 @@ class RunOptions:
                        "rounded to 1/65536; 1.7x torch's dropout; MiniLM's 2-rank job 1.03-1.07x) or torch "
                        "(torch's own random stream); torch.compile keeps its own", choices=DROPOUT_CHOICES,
                        defines_run=True)
+    grad_clip: str = opt("fused", "where run.clip_grad_norm_ applies its scale: fused (inside torch's fused AdamW "
+                         "step, one pass over the gradients fewer; equal to torch's clip up to rounding) or torch "
+                         "(torch.nn.utils.clip_grad_norm_ itself, bit for bit)", choices=GRAD_CLIP_CHOICES)
     compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
                         "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",

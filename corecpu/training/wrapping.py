@@ -34,6 +34,7 @@ from corecpu.distributed.sparse_rows import SparseChoice, SparseRows, decide as 
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
+from corecpu.training.clipping import GradientClipper
 
 # torch 2.13 renamed DDP's broadcast_buffers (deprecated) to forward_sync_buffers; IPEX 2.8 needs torch 2.8.
 _DDP_HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
@@ -54,6 +55,7 @@ class Wrapped:
     sparse_rows: SparseRows | None = None  # its reducer when on
     attention: AttentionChoice = AttentionChoice("unchanged", "not decided")  # the kernel training runs with
     dropout: DropoutChoice = DropoutChoice("torch", "not decided")  # the dropout kernel inside the forward
+    clipper: GradientClipper | None = None  # run.clip_grad_norm_: the model's gradients, the optimizer wrap() returned
 
     @property
     def resumed(self) -> LoopState | None:
@@ -127,10 +129,11 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
                precision: PrecisionChoice, dropout: DropoutChoice, checkpoint: Checkpoints | None,
                restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
                ddp_hook: Callable[[], Any] | None, sparse_embedding: str = "off",
-               wire: str = "fp32") -> tuple[Wrapped, torch.optim.Optimizer | None]:
+               wire: str = "fp32", grad_clip: str = "fused") -> tuple[Wrapped, torch.optim.Optimizer | None]:
     """Apply the steps in the module docstring's order. `restore(checkpoint)` loads the resume point into the
     plain model and optimizer; `ddp_hook()` (None for one process) gives the gradient path to register.
-    `sparse_embedding` auto|on|off: the word embedding's touched rows outside DDP (sparse_rows), sent as `wire`."""
+    `sparse_embedding` auto|on|off: the word embedding's touched rows outside DDP (sparse_rows), sent as `wire`.
+    `grad_clip` fused|torch: where the clipper applies its scale (corecpu.training.clipping)."""
     if checkpoint is not None:
         restore(checkpoint)
     if use_ipex:
@@ -162,7 +165,7 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
-                   dropout=dropout), optimizer
+                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, rows, grad_clip)), optimizer
 
 
 def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:

@@ -58,7 +58,7 @@ def train(rank: int, world: int, mode: str, accum: int, wire: str, comm: object,
                               restore=lambda c: None, use_ipex=False, compile=False, ddp_hook=lambda: comm,
                               sparse_embedding=mode, wire=wire)
     ddp = wrapped.model
-    grads, unions = [], []
+    grads, unions, norms = [], [], []
     data = batches(rank, world, accum)
     for step in range(STEPS):
         for i in range(accum):
@@ -73,13 +73,20 @@ def train(rank: int, world: int, mode: str, accum: int, wire: str, comm: object,
         grads.append(weight.grad.clone())
         if wrapped.sparse_rows is not None:
             unions.append(wrapped.sparse_rows.last_union)
+            # run.clip_grad_norm_'s norm takes the embedding's over the reduced rows alone: the whole gradient's.
+            rows = wrapped.sparse_rows.reduced_rows(weight.grad)
+            full = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+            norms.append({"rows": None if rows is None else int(rows.numel()), "full": full,
+                          "clipped": float(wrapped.clipper(1e9, fold=False))})  # coefficient 1: values unchanged
+            weight.grad.mul_(1)  # written since the sync (a version later): the rows no longer vouch for it
+            norms[-1]["rows_after_write"] = wrapped.sparse_rows.reduced_rows(weight.grad) is not None
         opt.step()
         opt.zero_grad(set_to_none=True)
     # The rows this rank touched in each step (its ids; row 0, padding, has no gradient and is not among them).
     local = [sorted({int(i) for ids, _ in data[s * accum:(s + 1) * accum] for i in ids.flatten()})
              for s in range(STEPS)]
     return {"grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "sparse": str(wrapped.sparse), "unions": unions, "local_rows": local,
+            "sparse": str(wrapped.sparse), "unions": unions, "local_rows": local, "norms": norms,
             "dense_steps": wrapped.sparse_rows.dense_steps if wrapped.sparse_rows else 0,
             "scanning": wrapped.sparse_rows.scanning if wrapped.sparse_rows else None,
             "ignored": sorted(getattr(ddp, "parameters_to_ignore", ())),
@@ -113,7 +120,7 @@ with corecpu.setup(backend="gloo", precision="fp32", ipex="off", dist_timeout=60
             "param_max_diff": max(float((off["params"][n] - on["params"][n]).abs().max()) for n in off["params"]),
             "off": {k: off[k] for k in ("sparse", "ignored", "in_buckets")},
             "on": {k: on[k] for k in ("sparse", "ignored", "in_buckets", "unions", "local_rows", "dense_steps",
-                                      "scanning")},
+                                      "scanning", "norms")},
         }
     off, on = (train(rank, world, m, 2, "fp32", path("fp32"), regularise=True) for m in ("off", "on"))
     report["regularised"] = {"params_equal": all(torch.equal(off["params"][n], on["params"][n]) for n in off["params"]),
@@ -123,7 +130,7 @@ with corecpu.setup(backend="gloo", precision="fp32", ipex="off", dist_timeout=60
     off, dense = train(rank, world, "off", 2, "fp32", path("fp32")), train(rank, world, "on", 2, "fp32", path("fp32"))
     report["dense"] = {"params_equal": all(torch.equal(off["params"][n], dense["params"][n]) for n in off["params"]),
                        "grads_equal": all(torch.equal(a, b) for a, b in zip(off["grads"], dense["grads"])),
-                       "dense_steps": dense["dense_steps"]}
+                       "dense_steps": dense["dense_steps"], "norms": dense["norms"]}
     if mpi is not None:
         mpi.close()
     reports = gather_objects(report)

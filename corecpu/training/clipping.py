@@ -1,0 +1,97 @@
+"""Gradient clipping for `run.clip_grad_norm_`: torch's clip_grad_norm_ with two passes over memory fewer.
+
+torch.nn.utils.clip_grad_norm_ reads every gradient once for the norm and then reads and writes every gradient
+again to scale it. For MiniLM on one core of the development Xeon that was 21 ms of a 320 ms step: 10 ms of norm
+and 11 ms of multiplies, half of each on the 30,522 x 384 word embedding whose rows are nearly all zero.
+
+- **The scale goes into the optimizer's step.** torch's fused Adam/AdamW divides each gradient by the optimizer's
+  `grad_scale` tensor inside its one pass over parameters, gradients and moments (GradScaler's unscale uses this),
+  and writes the divided gradient back. Setting `grad_scale` to 1 / clip coefficient clips for free (measured with
+  MiniLM's parameter shapes on one core: norm + clip + step 53.6 ms, norm + step with the scale 44.0 ms, the step
+  alone 35.2 ms). A post-step hook removes the attribute, so a later step without clipping is plain. Until that
+  step, the gradients are not yet clipped: read them from the optimizer step on, or pass fold=False.
+- **The embedding's norm from its touched rows.** Where sparse_rows reduced the word embedding's gradient by the
+  rows some rank touched, every other row is zero on every rank, so the norm of those rows is the norm of the
+  tensor (summed in another order: equal up to fp32 rounding). Used only while the gradient is exactly the one
+  sparse_rows wrote (same tensor, same version); otherwise the whole tensor is read.
+
+Anything else (IPEX's optimizer, a non-fused or other optimizer, gradients the optimizer does not update, a
+GradScaler's own `grad_scale`) gets torch's in-place multiply, with the same coefficient torch computes.
+`grad_clip="torch"` (`--grad-clip torch`) calls torch.nn.utils.clip_grad_norm_ itself: its rounding bit for bit,
+where the fused step's g / (1/c) and the rows' norm differ from it in the last bits.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from corecpu.distributed.sparse_rows import SparseRows
+
+_EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
+GRAD_CLIP_CHOICES = ("fused", "torch")
+
+
+def folds_into(optimizer: torch.optim.Optimizer | None) -> bool:
+    """Whether `optimizer` applies a `grad_scale` inside its step: torch's fused Adam or AdamW."""
+    return (isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(optimizer.defaults.get("fused"))
+            and not hasattr(optimizer, "grad_scale"))
+
+
+class GradientClipper:
+    """Clips `parameters`' gradients to a global 2-norm, the way torch.nn.utils.clip_grad_norm_ does, folding the
+    scale into `optimizer`'s step where it can (see the module docstring). One per wrapped model."""
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None,
+                 rows: SparseRows | None = None, kernel: str = "fused") -> None:
+        if kernel not in GRAD_CLIP_CHOICES:
+            raise ValueError(f"grad_clip must be one of {', '.join(GRAD_CLIP_CHOICES)}, got {kernel!r}")
+        self.parameters = [p for p in parameters if p.requires_grad]
+        self.optimizer = optimizer
+        self.rows = rows
+        self.kernel = kernel
+        self._updated = ({id(p) for g in optimizer.param_groups for p in g["params"]}
+                         if kernel == "fused" and folds_into(optimizer) else set())
+        self.folded = False  # whether the last call left its scale to the optimizer's step
+        if self._updated:
+            optimizer.register_step_post_hook(self._forget_scale)  # type: ignore[union-attr]
+
+    def __call__(self, max_norm: float, fold: bool = True) -> torch.Tensor:
+        """The gradients' total 2-norm before clipping (a 0-d tensor); scales them by max_norm / (norm + 1e-6)
+        where that is below 1: in the optimizer's next step when `fold` and it can, else now."""
+        if self.kernel == "torch":
+            return torch.nn.utils.clip_grad_norm_(self.parameters, max_norm)
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        total = torch.nn.utils.get_total_norm([self._normed(p) for p in self.parameters if p.grad is not None])
+        coefficient = torch.clamp(max_norm / (total + _EPS), max=1.0)
+        self.folded = fold and bool(self._updated) and all(id(p) in self._updated for p in self.parameters
+                                                          if p.grad is not None)
+        if self.folded:
+            self.optimizer.grad_scale = coefficient.reciprocal()  # type: ignore[union-attr]
+        else:
+            torch._foreach_mul_(grads, coefficient)
+        return total
+
+    def describe(self) -> str:
+        """config.json's `decisions` entry: where the scale is applied, and why."""
+        if self.kernel == "torch":
+            return "torch (requested: torch.nn.utils.clip_grad_norm_, its rounding bit for bit)"
+        if self._updated:
+            return "fused (the scale inside the fused AdamW's step: one pass over the gradients fewer)"
+        return "torch (the optimizer is not torch's fused Adam or AdamW: the scale is multiplied in place)"
+
+    def _normed(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """What to take `param`'s gradient norm over: the reduced rows alone for sparse_rows' embedding."""
+        rows = self.rows.reduced_rows(param.grad) if self.rows is not None and param is self.rows.weight else None
+        return param.grad if rows is None else param.grad.index_select(0, rows)  # type: ignore[union-attr]
+
+    def _forget_scale(self, optimizer: torch.optim.Optimizer, *args: object) -> None:
+        if hasattr(optimizer, "grad_scale"):
+            del optimizer.grad_scale
+        self.folded = False
+
+
+__all__ = ["GRAD_CLIP_CHOICES", "GradientClipper", "folds_into"]

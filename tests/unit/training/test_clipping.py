@@ -1,0 +1,105 @@
+"""Tier 1: run.clip_grad_norm_'s clipper (corecpu.training.clipping) gives torch.nn.utils.clip_grad_norm_'s norm and
+training, whether it folds the scale into the fused AdamW's step or multiplies in place. (The embedding's norm from
+sparse_rows' reduced rows needs ranks: tests/multiprocess/test_sparse_rows.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corecpu.training.clipping import GradientClipper, folds_into
+
+
+def params() -> list[torch.nn.Parameter]:
+    torch.manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(shape)) for shape in ((300, 24), (24,), (7, 5, 3))]
+
+
+def set_grads(ps: list[torch.nn.Parameter], step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=g) * (step + 1)
+
+
+def train(clip: str, max_norm: float, fused: bool = True, steps: int = 4) -> tuple[list[torch.Tensor], list[float]]:
+    ps = params()
+    opt = torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.01, fused=fused)
+    clipper = GradientClipper(ps, opt)
+    norms = []
+    for step in range(steps):
+        set_grads(ps, step)
+        if clip == "torch":
+            norms.append(float(torch.nn.utils.clip_grad_norm_(ps, max_norm)))
+        else:
+            norms.append(float(clipper(max_norm)))
+            assert clipper.folded == (fused and clip == "corecpu")
+        opt.step()
+        assert not hasattr(opt, "grad_scale")  # the post-step hook took the scale away
+        opt.zero_grad(set_to_none=True)
+    return [p.detach().clone() for p in ps], norms
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e6], ids=["clipping", "not-clipping"])
+def test_folded_into_fused_adamw_trains_like_torchs_clip(max_norm):
+    ours, our_norms = train("corecpu", max_norm)
+    theirs, their_norms = train("torch", max_norm)
+    assert our_norms == their_norms  # the same norm, computed the same way
+    assert min(our_norms) > 0.5  # so the first case really clips every step
+    for a, b in zip(ours, theirs):
+        # g / (1/c) inside the kernel against g * c before it: a rounding apart, no more.
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(a, p) for a, p in zip(ours, params()))  # and it trained
+
+
+def test_without_the_fused_kernel_it_is_torchs_clip_bit_for_bit():
+    assert not folds_into(torch.optim.AdamW(params(), fused=False))
+    ours, our_norms = train("corecpu", 0.5, fused=False)
+    theirs, their_norms = train("torch", 0.5, fused=False)
+    assert our_norms == their_norms
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+def test_clipped_gradients_are_what_torch_leaves_once_the_step_has_run():
+    ps, ref = params(), params()
+    opt = torch.optim.AdamW(ps, lr=1e-2, fused=True)
+    clipper = GradientClipper(ps, opt)
+    set_grads(ps, 3)
+    set_grads(ref, 3)
+    clipper(0.5)
+    assert clipper.folded and all(torch.equal(p.grad, r.grad) for p, r in zip(ps, ref))  # not yet scaled
+    opt.step()
+    torch.nn.utils.clip_grad_norm_(ref, 0.5)
+    for p, r in zip(ps, ref):  # the fused kernel wrote the divided gradients back
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_gradients_the_optimizer_does_not_update_are_clipped_in_place():
+    ps = params()
+    opt = torch.optim.AdamW(ps[:2], lr=1e-2, fused=True)  # the third parameter is not the optimizer's
+    clipper = GradientClipper(ps, opt)
+    set_grads(ps, 2)
+    before = [p.grad.clone() for p in ps]
+    norm = clipper(0.5)
+    assert not clipper.folded and not hasattr(opt, "grad_scale")
+    coefficient = 0.5 / (norm + 1e-6)
+    for p, b in zip(ps, before):
+        torch.testing.assert_close(p.grad, b * coefficient)
+
+
+def test_fold_false_and_a_gradscalers_scale_clip_in_place():
+    ps = params()
+    opt = torch.optim.AdamW(ps, lr=1e-2, fused=True)
+    clipper = GradientClipper(ps, opt)
+    set_grads(ps, 1)
+    clipper(0.5, fold=False)
+    assert not clipper.folded and not hasattr(opt, "grad_scale")
+    assert float(torch.nn.utils.get_total_norm([p.grad for p in ps])) == pytest.approx(0.5, rel=1e-5)
+    opt.grad_scale = torch.tensor(1.0)  # someone else's (a GradScaler's): not ours to replace
+    assert not folds_into(opt)
+
+
+def test_no_gradients_give_a_zero_norm_and_touch_nothing():
+    ps = params()
+    opt = torch.optim.AdamW(ps, lr=1e-2, fused=True)
+    assert float(GradientClipper(ps, opt)(1.0)) == 0.0
+    assert not hasattr(opt, "grad_scale")
