@@ -15,22 +15,24 @@ chosen by timing at start-up: the serial part (the draw) is a quarter of torch's
 same elementwise work, and a start-up timing that flipped between runs would change a resumed run's stream.
 
 It applies where a model calls `torch.nn.functional.dropout` (every `nn.Dropout`, Hugging Face's eager attention,
-peft's LoRA dropout) inside the wrapped forward, through a TorchFunctionMode. torch.compile lowers dropout to its
-own generated kernel, so the mode is not entered under it; SDPA's math fallback draws its mask in C++ and keeps it.
-Gradient checkpointing recomputes a forward in the backward, outside the mode: a model with it on keeps torch's
-kernel, and a forward inside torch.utils.checkpoint (found at each call) does too, so the recomputed masks match.
+peft's LoRA dropout) inside the wrapped forward, on the thread running it (see _dispatching_dropout). torch.compile
+lowers dropout to its own generated kernel, so it is not used there; SDPA's math fallback draws its mask in C++ and
+keeps it. Gradient checkpointing recomputes a forward in the backward, outside the wrapped forward: a model with it
+on keeps torch's kernel, and a forward inside torch.utils.checkpoint (found at each call) does too, so the
+recomputed masks match.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
-from torch.overrides import TorchFunctionMode
 
+_TORCH_DROPOUT = torch.nn.functional.dropout  # torch's own, whatever the name points at later
 _LEVELS = 1 << 16  # 16 random bits decide one element
 # Use torch's kernel where rounding p to 1/65536 would move it by more than this fraction of p (p < about 0.008).
 _MAX_RELATIVE_ROUNDING = 1e-3
@@ -60,7 +62,7 @@ def has_dropout(model: torch.nn.Module) -> bool:
 def decide_dropout(requested: str, compile: bool, checkpointing: bool = False, dropout: bool = True) -> DropoutChoice:
     if requested == "torch":
         return DropoutChoice("torch", "requested")
-    if not dropout:  # nothing to draw: the wrapped forward stays as it is, with no mode to pass through
+    if not dropout:  # nothing to draw: the wrapped forward stays as it is
         return DropoutChoice("torch", "the model has no dropout")
     if compile:
         return DropoutChoice("torch", "torch.compile generates its own dropout kernel")
@@ -116,28 +118,50 @@ def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """Training-mode dropout of `x` with probability p (rounded to 1/65536), or torch's where p does not round."""
     dropped = drop_threshold(p)
     if dropped is None or x.device.type != "cpu" or not x.is_floating_point():
-        return torch.nn.functional.dropout(x, p, True)
+        return _TORCH_DROPOUT(x, p, True)
     return _FastDropout.apply(x, dropped)
 
 
-class _FastDropoutMode(TorchFunctionMode):
-    """Sends training-mode, out-of-place `F.dropout` calls to fast_dropout; everything else runs as called."""
+# The fast kernel reaches F.dropout's callers through the module attribute they look up at each call
+# (`F.dropout` in nn.Dropout, `nn.functional.dropout` in Hugging Face's attention), swapped in while any thread is
+# inside a fast-dropout context and gated per thread. A TorchFunctionMode did the same with no global name touched,
+# but it sends every torch call of the forward through Python: 8-11 ms of a MiniLM step on one Xeon core (measured).
+_inside = threading.local()  # `depth`: this thread's nested fast-dropout contexts
+_installed = 0  # contexts open on all threads; the name is swapped while above 0
+_lock = threading.Lock()
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.dropout:
-            bound = dict(zip(("input", "p", "training", "inplace"), args), **kwargs)
-            p, training, inplace = bound.get("p", 0.5), bound.get("training", True), bound.get("inplace", False)
-            tensor = isinstance(bound.get("input"), torch.Tensor)
-            if training and not inplace and tensor and not _recorded_elsewhere():
-                return fast_dropout(bound["input"], float(p))
-        return func(*args, **kwargs)
+
+@functools.wraps(_TORCH_DROPOUT)
+def _dispatching_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,  # noqa: A002 (torch's name)
+                         inplace: bool = False) -> torch.Tensor:
+    """torch's F.dropout, except inside a fast-dropout context on this thread: training-mode, out-of-place calls on a
+    plain tensor go to fast_dropout."""
+    if (getattr(_inside, "depth", 0) and training and not inplace and type(input) is torch.Tensor
+            and not _recorded_elsewhere()):
+        return fast_dropout(input, float(p))
+    return _TORCH_DROPOUT(input, p, training, inplace)
+
+
+@contextlib.contextmanager
+def _fast_dropout_inside() -> Iterator[None]:
+    global _installed
+    with _lock:
+        _installed += 1
+        torch.nn.functional.dropout = _dispatching_dropout
+    _inside.depth = getattr(_inside, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _inside.depth -= 1
+        with _lock:
+            _installed -= 1
+            if _installed == 0:  # torch's own function back, for code compiled or traced later
+                torch.nn.functional.dropout = _TORCH_DROPOUT
 
 
 def dropout_context(kernel: str) -> ContextManager:
-    """The fast kernel in force inside (`kernel` "fast"), else nothing."""
-    return _FastDropoutMode() if kernel == "fast" else contextlib.nullcontext()
+    """The fast kernel in force inside, on this thread (`kernel` "fast"), else nothing."""
+    return _fast_dropout_inside() if kernel == "fast" else contextlib.nullcontext()
 
 
 def with_dropout(forward: Callable[..., Any], choice: DropoutChoice) -> Callable[..., Any]:
@@ -147,6 +171,6 @@ def with_dropout(forward: Callable[..., Any], choice: DropoutChoice) -> Callable
 
     @functools.wraps(forward)
     def fast_dropout_forward(*args: Any, **kwargs: Any) -> Any:
-        with _FastDropoutMode():
+        with _fast_dropout_inside():
             return forward(*args, **kwargs)
     return fast_dropout_forward

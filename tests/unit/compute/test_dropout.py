@@ -145,3 +145,34 @@ def test_a_model_without_dropout_is_left_alone() -> None:
     assert not has_dropout(BertModel(BertConfig(**small, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
     assert not has_dropout(LlamaForCausalLM(LlamaConfig(**small, num_key_value_heads=2)))  # attention_dropout 0.0
     assert decide_dropout("fast", compile=False, dropout=False).name == "torch"
+
+
+def test_only_the_thread_inside_the_context_gets_the_fast_kernel_and_torchs_name_comes_back() -> None:
+    import threading
+
+    torch_dropout = torch.nn.functional.dropout
+    x = torch.ones(4096)
+    seen: dict[str, torch.Tensor] = {}
+    entered, done = threading.Event(), threading.Event()
+
+    def other_thread() -> None:  # runs while the main thread is inside the context
+        entered.wait(10)
+        torch.manual_seed(5)
+        seen["other"] = torch.nn.functional.dropout(x, 0.1, True)
+        done.set()
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    with dropout_context("fast"):
+        with dropout_context("fast"):  # nested: still fast, and leaving the inner one keeps it so
+            pass
+        entered.set()
+        assert done.wait(10)
+        torch.manual_seed(5)
+        inside = torch.nn.functional.dropout(x, 0.1, True)
+    worker.join()
+    torch.manual_seed(5)
+    assert torch.equal(inside, fast_dropout(x, 0.1))
+    torch.manual_seed(5)
+    assert torch.equal(seen["other"], torch_dropout(x, 0.1, True))  # torch's kernel, its stream
+    assert torch.nn.functional.dropout is torch_dropout  # the name is torch's own again
