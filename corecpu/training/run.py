@@ -222,8 +222,7 @@ class Run:
         return wrapped.model, optimizer
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """torch.nn.utils.clip_grad_norm_ on the wrapped model: the total norm before clipping. With torch's fused
-        AdamW the scale is applied inside the next optimizer.step() (corecpu.training.clipping). After wrap()."""
+        """clip_grad_norm_ on the wrapped model: the norm before clipping; with fused AdamW applied in its next step."""
         wrapped = self._wrapped.get()
         if wrapped is None or wrapped.clipper is None:
             raise CoreCPUError("clip_grad_norm_() clips the wrapped model's gradients: call run.wrap() first")
@@ -425,7 +424,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; sparse_embedding_allreduce auto|on|off (the word
     embedding's gradient by the rows some rank touched); precision auto|fp32|bf16; attention auto|sdpa|eager (a Hugging
     Face model's attention kernel, timed at wrap()); dropout fast|torch (the kernel of every F.dropout inside the
-    wrapped forward); threads (0: this rank's cores); ipex auto|off;
+    wrapped forward); grad_clip fused|torch (run.clip_grad_norm_'s scale inside the fused AdamW step, or torch's
+    clip); threads (0: this rank's cores); ipex auto|off;
     compile; dist_timeout; step_timeout (the watchdog run.steps() runs).
     graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, and run.steps() saves and exits at the
     next step boundary (run.steps() turns it on itself when it runs in the main thread).
