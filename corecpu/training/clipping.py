@@ -28,6 +28,7 @@ from typing import Iterable
 import torch
 
 from corecpu.distributed.sparse_rows import SparseRows
+from corecpu.errors import CoreCPUError
 
 _EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
 GRAD_CLIP_CHOICES = ("fused", "torch")
@@ -46,7 +47,7 @@ class GradientClipper:
     def __init__(self, parameters: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None,
                  rows: SparseRows | None = None, kernel: str = "fused") -> None:
         if kernel not in GRAD_CLIP_CHOICES:
-            raise ValueError(f"grad_clip must be one of {', '.join(GRAD_CLIP_CHOICES)}, got {kernel!r}")
+            raise CoreCPUError(f"grad_clip must be one of {', '.join(GRAD_CLIP_CHOICES)}, got {kernel!r}")
         self.parameters = [p for p in parameters if p.requires_grad]
         self.optimizer = optimizer
         self.rows = rows

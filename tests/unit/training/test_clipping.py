@@ -103,3 +103,10 @@ def test_no_gradients_give_a_zero_norm_and_touch_nothing():
     opt = torch.optim.AdamW(ps, lr=1e-2, fused=True)
     assert float(GradientClipper(ps, opt)(1.0)) == 0.0
     assert not hasattr(opt, "grad_scale")
+
+
+def test_an_unknown_kernel_is_one_clear_error():
+    from corecpu.errors import CoreCPUError
+
+    with pytest.raises(CoreCPUError, match="grad_clip must be one of fused, torch, got 'fast'"):
+        GradientClipper(params(), None, kernel="fast")
