@@ -81,7 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cores-per-host", type=int, default=1)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--out", type=Path)
-    p.add_argument("--work-dir", type=Path)
+    p.add_argument("--work-dir", type=Path, help="run outputs and logs, kept (default: a temp dir, removed after a "
+                                                 "run that completes)")
     p.add_argument("--timeout", type=float, default=900, help="per run, seconds")
     p.add_argument("--report", type=Path, help="print the tables of an earlier result file and stop")
     p.add_argument("--pool", type=Path, nargs="+", help="pool result files of the same job: each repeat's efficiency "
@@ -443,6 +444,9 @@ def main(argv: list[str] | None = None) -> None:
     out.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(markdown(rows))
     print(f"written to {out}")
+    if args.work_dir is None:  # everything read from it is in the JSON; a failed run raised above and keeps it
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"removed {work} (run outputs and logs, several GB); --work-dir DIR keeps them")
 
 
 if __name__ == "__main__":

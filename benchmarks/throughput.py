@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,7 +91,9 @@ def parse_args() -> argparse.Namespace:
                    "starts (0: the threads torch uses in one process here / --ranks; 1: torchrun's own default)")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default: benchmarks/results/"
                    "throughput-<data>-<precision>-n<N>[-<model>].json; the chart goes beside it as .png)")
-    p.add_argument("--work-dir", type=Path, default=None, help="run outputs and logs (default: a temp dir)")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="run outputs and logs, kept (default: a temp dir, removed after a run that completes: each "
+                        "variant's checkpoints and final model: 2-4 GB a benchmark)")
     p.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="start N busy processes (python -c 'while True: pass') for the whole comparison: a node "
                    "shared with a neighbour's job")
@@ -384,6 +387,9 @@ def main() -> None:
     from chart import bar_chart
 
     console.print(f"written to {out} and {bar_chart(result, out.with_suffix('.png'))}")
+    if args.work_dir is None:  # everything read from it is in the JSON; a failed run raised above and keeps it
+        shutil.rmtree(work, ignore_errors=True)
+        console.print(f"removed {work} (run outputs and logs); --work-dir DIR keeps them")
     if mismatched:
         console.print(f"[yellow]warning:[/] {mismatched} ran at a precision other than {precision}")
 
