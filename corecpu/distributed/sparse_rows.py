@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -119,9 +119,12 @@ class SparseRows:
     own never interleaves them with DDP's bucket all-reduces, whatever order ranks reach them in."""
 
     def __init__(self, weight: torch.nn.Parameter, wire: str = "fp32", group: Any = None,
-                 embedding: torch.nn.Module | None = None) -> None:
+                 embedding: torch.nn.Module | None = None,
+                 written: Callable[[torch.Tensor], None] | None = None) -> None:
         """`embedding`: the module whose lookups are the weight's only use, watched for the ids it is called with;
-        None (a compiled model, whose hooks run inside the graph) finds the rows by scanning the gradient."""
+        None (a compiled model, whose hooks run inside the graph) finds the rows by scanning the gradient.
+        `written(rows)` hears of the rows each sync wrote (every rank's), for a gradient kept between steps
+        (corecpu.compute.embedding_grad)."""
         if wire not in ALLREDUCE_DTYPES:
             raise CoreCPUError(f"all-reduce dtype {wire!r} is not one of: {', '.join(ALLREDUCE_DTYPES)}")
         self.weight = weight
@@ -137,6 +140,7 @@ class SparseRows:
         self._sync_armed = False
         # (the gradient, weakly: zero_grad(set_to_none) must free it; its version; the union): for reduced_rows()
         self._reduced: tuple[weakref.ref, int, torch.Tensor] | None = None
+        self._written = written
         with torch.no_grad():  # DDP broadcasts rank 0's weights at start-up, but not an ignored one's
             dist.broadcast(weight.detach(), src=dist.get_global_rank(self.group, 0), group=self.group)
         self._hooks = [weight.register_post_accumulate_grad_hook(self._reduce)]
@@ -186,6 +190,8 @@ class SparseRows:
         self._sync_armed = False
         grad = param.grad
         union = self._union(self._local_rows(grad))
+        if self._written is not None:  # the dense average below writes no other rows either: the rest sum to zero
+            self._written(union)
         self.syncs += 1
         self.last_union = int(union.numel())
         if union.numel() > DENSE_ABOVE * grad.shape[0]:

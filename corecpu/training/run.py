@@ -171,6 +171,7 @@ class Run:
             "sparse_embedding_allreduce": str(self.sparse_embedding),
             "grad_clip": (wrapped.clipper.describe() if (wrapped := self._wrapped.get()) and wrapped.clipper
                           else f"{self.options.grad_clip} (settled when the model is wrapped)"),
+            "embedding_grad": str(wrapped.embedding_grad) if wrapped else "settled when the model is wrapped",
         }
 
     def banner(self) -> list[str]:

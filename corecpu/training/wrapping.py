@@ -4,6 +4,7 @@
     -> attention kernel, sdpa or eager (timed on the model at those shapes, agreed by every rank)
     -> resume from the checkpointer, into the plain model and optimizer
     -> ipex.optimize -> a forward that autocasts and uses the chosen dropout kernel -> torch.compile
+    -> the word embedding's gradient kept between steps (corecpu.compute.embedding_grad)
     -> DDP with the chosen gradient path
        (the word embedding's gradient, where sparse_rows applies, outside DDP's buckets: its touched rows)
 
@@ -22,10 +23,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from corecpu.compute import ipex as _ipex
+from corecpu.compute import attention_mask, ipex as _ipex
 from corecpu.compute.attention import (AttentionChoice, agree_attention, agreed_ratio, remember_attention,
                                       resolve_attention, switchable)
 from corecpu.compute.dropout import DropoutChoice, with_dropout
+from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recycle_embedding_grad
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
@@ -56,6 +58,7 @@ class Wrapped:
     attention: AttentionChoice = AttentionChoice("unchanged", "not decided")  # the kernel training runs with
     dropout: DropoutChoice = DropoutChoice("torch", "not decided")  # the dropout kernel inside the forward
     clipper: GradientClipper | None = None  # run.clip_grad_norm_: the model's gradients, the optimizer wrap() returned
+    embedding_grad: EmbeddingGradChoice = EmbeddingGradChoice("torch", "not decided")  # the word embedding's backward
 
     @property
     def resumed(self) -> LoopState | None:
@@ -146,6 +149,7 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     if compile:
         # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]
+    embedding_grad, recycled = recycle_embedding_grad(unwrap(model), compile=compile, use_ipex=use_ipex)
     sparse, rows = SparseChoice("off", "single process"), None
     if ddp_hook is not None:
         # Broadcasting buffers costs a collective before every forward; only running statistics
@@ -161,11 +165,13 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         if weight is not None:
             # Under torch.compile the lookup's hooks would run inside the graph: find the rows by scanning there.
             lookup = None if compile else unwrap(model).get_input_embeddings()
-            rows = SparseRows(weight, wire, embedding=lookup).attach(model)  # broadcasts rank 0's embedding too
+            rows = SparseRows(weight, wire, embedding=lookup,  # broadcasts rank 0's embedding too
+                              written=recycled.mark_written if recycled else None).attach(model)
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
-                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, rows, grad_clip)), optimizer
+                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, rows, grad_clip),
+                   embedding_grad=embedding_grad), optimizer
 
 
 def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
@@ -196,9 +202,12 @@ def _has_running_stats(model: torch.nn.Module) -> bool:
 
 
 def _autocasting(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """`forward` under bf16 autocast: the user never writes autocast around a forward (Fabric does the same)."""
+    """`forward` under bf16 autocast: the user never writes autocast around a forward (Fabric does the same).
+    Eager attention's padding mask is built in bf16 there too (corecpu.compute.attention_mask)."""
+    attention_mask.install()
+
     @functools.wraps(forward)
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16), attention_mask.masks_in_autocast_dtype():
             return forward(*args, **kwargs)
     return autocast_forward

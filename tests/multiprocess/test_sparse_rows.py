@@ -24,6 +24,8 @@ def check(reports: list[dict], cases: set[str]) -> None:
             assert on["ignored"] == [EMBEDDING] and not on["in_buckets"], on
             assert off["ignored"] == [] and off["in_buckets"], off
             assert on["dense_steps"] == 0
+            # Both ran with the embedding's gradient on memory kept between steps (corecpu.compute.embedding_grad).
+            assert on["embedding_grad"] == off["embedding_grad"] == "recycled"
             assert on["scanning"] is False  # the rows came from the lookup's ids, which the first sync's scan confirmed
             # The clipper's norm over the union's rows is the whole gradient's norm, up to fp32 summation order;
             # a gradient written after the sync is read whole.

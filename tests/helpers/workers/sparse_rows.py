@@ -86,7 +86,7 @@ def train(rank: int, world: int, mode: str, accum: int, wire: str, comm: object,
     local = [sorted({int(i) for ids, _ in data[s * accum:(s + 1) * accum] for i in ids.flatten()})
              for s in range(STEPS)]
     return {"grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "sparse": str(wrapped.sparse), "unions": unions, "local_rows": local, "norms": norms,
+            "sparse": str(wrapped.sparse), "embedding_grad": wrapped.embedding_grad.name, "unions": unions, "local_rows": local, "norms": norms,
             "dense_steps": wrapped.sparse_rows.dense_steps if wrapped.sparse_rows else 0,
             "scanning": wrapped.sparse_rows.scanning if wrapped.sparse_rows else None,
             "ignored": sorted(getattr(ddp, "parameters_to_ignore", ())),
@@ -118,9 +118,9 @@ with corecpu.setup(backend="gloo", precision="fp32", ipex="off", dist_timeout=60
             "params_equal": all(torch.equal(off["params"][n], on["params"][n]) for n in off["params"]),
             "grad_max_diff": max(float((a - b).abs().max()) for a, b in zip(off["grads"], on["grads"])),
             "param_max_diff": max(float((off["params"][n] - on["params"][n]).abs().max()) for n in off["params"]),
-            "off": {k: off[k] for k in ("sparse", "ignored", "in_buckets")},
+            "off": {k: off[k] for k in ("sparse", "ignored", "in_buckets", "embedding_grad")},
             "on": {k: on[k] for k in ("sparse", "ignored", "in_buckets", "unions", "local_rows", "dense_steps",
-                                      "scanning", "norms")},
+                                      "scanning", "norms", "embedding_grad")},
         }
     off, on = (train(rank, world, m, 2, "fp32", path("fp32"), regularise=True) for m in ("off", "on"))
     report["regularised"] = {"params_equal": all(torch.equal(off["params"][n], on["params"][n]) for n in off["params"]),
