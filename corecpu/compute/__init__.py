@@ -1,5 +1,6 @@
 """How a rank computes: fp32 or bf16 (AMX, or a cached calibration of the model's shapes), sdpa or eager
-attention (timed on the model, cached), the dropout kernel, and Intel Extension for PyTorch where it is installed.
+attention (timed on the model, cached) and eager attention's mask under autocast, the dropout kernel, the word
+embedding's gradient on kept memory, and Intel Extension for PyTorch where it is installed.
 
 May import: corecpu.errors, corecpu.envvars, corecpu.cpu; torch.
 """

@@ -9,7 +9,9 @@ and 11 ms of multiplies, half of each on the 30,522 x 384 word embedding whose r
   and writes the divided gradient back. Setting `grad_scale` to 1 / clip coefficient clips for free (measured with
   MiniLM's parameter shapes on one core: norm + clip + step 53.6 ms, norm + step with the scale 44.0 ms, the step
   alone 35.2 ms). A post-step hook removes the attribute, so a later step without clipping is plain. Until that
-  step, the gradients are not yet clipped: read them from the optimizer step on, or pass fold=False.
+  step, the gradients are not yet clipped: read them from the optimizer step on, or pass fold=False. A step whose
+  norm is under the limit (coefficient 1) is given no scale at all, in either path: torch's multiply by 1 changes
+  nothing, and the step then need not write the gradients back.
 - **The embedding's norm from its touched rows.** Where sparse_rows reduced the word embedding's gradient by the
   rows some rank touched, every other row is zero on every rank, so the norm of those rows is the norm of the
   tensor (summed in another order: equal up to fp32 rounding). Used only while the gradient is exactly the one
@@ -68,6 +70,9 @@ class GradientClipper:
             return torch.tensor(0.0)
         total = torch.nn.utils.get_total_norm([self._normed(p) for p in self.parameters if p.grad is not None])
         coefficient = torch.clamp(max_norm / (total + _EPS), max=1.0)
+        if coefficient.item() == 1.0:  # under the limit: torch multiplies by 1, which changes no bit (NaN is not 1)
+            self.folded = False  # and the fused step skips its write-back of the gradients: 0.9 ms for MiniLM
+            return total
         self.folded = fold and bool(self._updated) and all(id(p) in self._updated for p in self.parameters
                                                           if p.grad is not None)
         if self.folded:

@@ -32,7 +32,8 @@ def train(clip: str, max_norm: float, fused: bool = True, steps: int = 4) -> tup
             norms.append(float(torch.nn.utils.clip_grad_norm_(ps, max_norm)))
         else:
             norms.append(float(clipper(max_norm)))
-            assert clipper.folded == (fused and clip == "corecpu")
+            # Under the limit there is nothing to scale: no grad_scale, and no multiply either.
+            assert clipper.folded == (fused and clip == "corecpu" and norms[-1] > max_norm)
         opt.step()
         assert not hasattr(opt, "grad_scale")  # the post-step hook took the scale away
         opt.zero_grad(set_to_none=True)
@@ -48,6 +49,8 @@ def test_folded_into_fused_adamw_trains_like_torchs_clip(max_norm):
     for a, b in zip(ours, theirs):
         # g / (1/c) inside the kernel against g * c before it: a rounding apart, no more.
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        if max_norm > max(our_norms):  # never clipping: torch's multiply by 1 left every bit, and so did no scale
+            assert torch.equal(a, b)
     assert any(not torch.equal(a, p) for a, p in zip(ours, params()))  # and it trained
 
 
@@ -110,3 +113,14 @@ def test_an_unknown_kernel_is_one_clear_error():
 
     with pytest.raises(CoreCPUError, match="grad_clip must be one of fused, torch, got 'fast'"):
         GradientClipper(params(), None, kernel="fast")
+
+
+def test_a_non_finite_norm_is_applied_as_torch_applies_it():
+    ps, ref = params(), params()
+    for group in (ps, ref):
+        set_grads(group, 1)
+        group[0].grad[0, 0] = float("nan")
+    clipper = GradientClipper(ps, torch.optim.AdamW(ps, fused=False))
+    assert torch.isnan(clipper(1.0)) and torch.isnan(torch.nn.utils.clip_grad_norm_(ref, 1.0))
+    for p, r in zip(ps, ref):  # a NaN coefficient is not 1: multiplied in, as torch does (every gradient NaN)
+        assert torch.equal(p.grad.isnan(), r.grad.isnan()) and bool(p.grad.isnan().all())
