@@ -27,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
+
+from corecpu.decision import Decision
 
 _TORCH_DROPOUT = torch.nn.functional.dropout  # torch's own, whatever the name points at later
 _LEVELS = 1 << 16  # 16 random bits decide one element
@@ -38,13 +39,8 @@ _LEVELS = 1 << 16  # 16 random bits decide one element
 _MAX_RELATIVE_ROUNDING = 1e-3
 
 
-@dataclass(frozen=True)
-class DropoutChoice:
-    name: str  # fast | torch
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.reason})"
+class DropoutChoice(Decision):
+    """The dropout kernel inside the wrapped forward (name: fast | torch), and why."""
 
 
 # Config fields Hugging Face models pass to their functional attention dropout (no nn.Dropout module holds them).

@@ -27,24 +27,18 @@ module).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from corecpu.decision import Decision
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # private; without it, torch's own backward
 VERIFY_EVERY = 100  # zeroings between two checks that the written rows were all of them
 
 
-@dataclass(frozen=True)
-class EmbeddingGradChoice:
-    """config.json's `embedding_grad` decision: recycled or torch, and why."""
-
-    name: str  # recycled | torch
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.reason})"
+class EmbeddingGradChoice(Decision):
+    """config.json's `embedding_grad` decision (name: recycled | torch), and why."""
 
 
 def _storage_users(tensor: torch.Tensor) -> int:

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
+    from corecpu.distributed.bucket_casts import BucketCasts
+
 
 def comm_cpu_of(env: Mapping[str, str]) -> int | None:
     """The CPU the node plan set aside for this rank's comm thread (corecpu.cpu.busy_threads), as corecpu.bind or
@@ -63,13 +65,17 @@ class ThreadedGradientAllreduce:
         self._queue.put((tensor, scale, fut))
         return fut
 
-    def register(self, ddp: DistributedDataParallel) -> None:
-        """Install the communication hook: DDP hands each gradient bucket to the comm thread."""
+    def register(self, ddp: DistributedDataParallel, casts: BucketCasts | None = None) -> None:
+        """Install the communication hook: DDP hands each gradient bucket to the comm thread. With `casts`, some
+        weight gradients are in their buckets scaled already: the hook scales the rest, the thread only sums."""
         scale = 1.0 / self.world_size
 
         # No annotations: DDP compares them with the real classes, and this module's are strings.
         def threaded_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-            return self.allreduce_async(bucket.buffer(), scale)
+            if casts is None:
+                return self.allreduce_async(bucket.buffer(), scale)
+            casts.scale_rest(bucket)
+            return self.allreduce_async(bucket.buffer(), None)
 
         ddp.register_comm_hook(None, threaded_allreduce_hook)
 

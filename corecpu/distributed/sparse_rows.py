@@ -29,12 +29,12 @@ and every VERIFY_EVERY-th also scan, and a row found outside the ids switches th
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from corecpu.decision import Decision
 from corecpu.distributed import ALLREDUCE_DTYPES, SPARSE_EMBEDDING_CHOICES
 from corecpu.errors import CoreCPUError
 
@@ -46,15 +46,8 @@ DENSE_ABOVE = 1 / 3
 VERIFY_EVERY = 100  # syncs between two checks that the recorded ids cover every nonzero row
 
 
-@dataclass(frozen=True)
-class SparseChoice:
-    """Whether the embedding's rows are reduced sparsely, and why: config.json's `decisions` entry."""
-
-    name: str  # "on" | "off"
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.reason})"
+class SparseChoice(Decision):
+    """Whether the embedding's rows are reduced sparsely (name: on | off), and why: config.json's `decisions`."""
 
 
 def embedding_weight(model: torch.nn.Module) -> tuple[torch.nn.Parameter | None, str]:

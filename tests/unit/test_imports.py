@@ -18,7 +18,7 @@ PACKAGE = ROOT / "corecpu"
 
 # Bottom to top: a module may import its own layer (acyclically) and the layers below it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("corecpu.errors", "corecpu.address_space", "corecpu.notices", "corecpu.envvars", "corecpu.cachefile", "corecpu.atomic"),
+    ("corecpu.errors", "corecpu.decision", "corecpu.address_space", "corecpu.notices", "corecpu.envvars", "corecpu.cachefile", "corecpu.atomic"),
     ("corecpu.cluster",),
     ("corecpu.cpu",),
     ("corecpu.distributed",),
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("corecpu.launching",),
     ("corecpu.cli", "corecpu.bind", "corecpu.launch", "corecpu.install", "corecpu.train", "corecpu"),
 )
-TORCH_FREE = ("corecpu", "corecpu.errors", "corecpu.address_space", "corecpu.notices", "corecpu.envvars", "corecpu.cachefile", "corecpu.atomic", "corecpu.cluster", "corecpu.cpu", "corecpu.launching",
+TORCH_FREE = ("corecpu", "corecpu.errors", "corecpu.decision", "corecpu.address_space", "corecpu.notices", "corecpu.envvars", "corecpu.cachefile", "corecpu.atomic", "corecpu.cluster", "corecpu.cpu", "corecpu.launching",
               "corecpu.reliability.lifeline", "corecpu.data.types", "corecpu.data.builtin", "corecpu.data.qa",
               "corecpu.data.builtin_qa", "corecpu.data.builtin_sft", "corecpu.data.causal_records",
               "corecpu.data.causal_tokens", "corecpu.cli",
