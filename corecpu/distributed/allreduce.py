@@ -222,18 +222,18 @@ class ProcessGroupAllreduce:
         return fut.then(lambda _: tensor if work is tensor else tensor.copy_(work))
 
     def register(self, ddp: DistributedDataParallel, casts: BucketCasts | None = None) -> None:
-        """`casts` (fp32 only): weight gradients some of which are in their buckets scaled already; the hook
-        scales the rest and sums, as DDP's own path does."""
+        """`casts` (fp32 only): weight gradients cast into their buckets, unscaled; the hook then scales each
+        bucket by 1/world in one call (the multiply DDP's reducer would have made) and sums it."""
         import torch
         import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook
 
         if casts is not None and self.wire == torch.float32:
-            group = self.group
+            group, scale = self.group, 1.0 / dist.get_world_size(self.group)
 
             def scaled_allreduce(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations only
-                casts.scale_rest(bucket)
-                buffer = bucket.buffer()
+                casts.note(bucket)
+                buffer = bucket.buffer().mul_(scale)
                 return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda _: buffer)
 
             ddp.register_comm_hook(None, scaled_allreduce)

@@ -66,16 +66,15 @@ class ThreadedGradientAllreduce:
         return fut
 
     def register(self, ddp: DistributedDataParallel, casts: BucketCasts | None = None) -> None:
-        """Install the communication hook: DDP hands each gradient bucket to the comm thread. With `casts`, some
-        weight gradients are in their buckets scaled already: the hook scales the rest, the thread only sums."""
+        """Install the communication hook: DDP hands each gradient bucket to the comm thread. `casts`: weight
+        gradients cast into their buckets (corecpu.distributed.bucket_casts), told each bucket's views."""
         scale = 1.0 / self.world_size
 
         # No annotations: DDP compares them with the real classes, and this module's are strings.
         def threaded_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-            if casts is None:
-                return self.allreduce_async(bucket.buffer(), scale)
-            casts.scale_rest(bucket)
-            return self.allreduce_async(bucket.buffer(), None)
+            if casts is not None:
+                casts.note(bucket)
+            return self.allreduce_async(bucket.buffer(), scale)
 
         ddp.register_comm_hook(None, threaded_allreduce_hook)
 

@@ -168,11 +168,10 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         if weight is not None:  # its gradient goes by the rows touched, not in DDP's buckets
             _ignore_in_ddp(model, [n for n, p in model.named_parameters() if p is weight])
         casts_choice, casts = ((BucketCastsChoice("off", "switched off"), None) if bucket_casts == "off" else
-                               cast_into_buckets(unwrap(model), world=torch.distributed.get_world_size(),
-                                                 autocast_bf16=precision.autocast_dtype == torch.bfloat16,
-                                                 wire=wire, compile=compile, use_ipex=use_ipex))
+                               cast_into_buckets(unwrap(model), wire=wire, compile=compile, use_ipex=use_ipex,
+                                                 autocast_bf16=precision.autocast_dtype == torch.bfloat16))
         model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
-        # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own, or a plain sum where casts scaled
+        # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own, or with casts one that scales and sums
         if casts is not None:
             ddp_hook().register(model, casts.attach(model))
         else:

@@ -1,6 +1,6 @@
 """Tier 2: Linear weights' bf16 gradients cast straight into DDP's buckets (corecpu.distributed.bucket_casts) give
-plain DDP's gradients and parameters bit for bit on 2 ranks, through wrap_model; a loss that also reads a weight
-is caught and corrected (equal up to fp32 rounding), and that weight leaves the fast path."""
+plain DDP's gradients and parameters bit for bit on 2 ranks, through wrap_model: with gradient accumulation, a layer
+called twice in a forward, and a loss that also reads a weight."""
 
 from __future__ import annotations
 
@@ -16,21 +16,15 @@ def check(reports: list[dict]) -> None:
         assert set(cases) == {"bert-accum1", "bert-accum2", "twice-accum1", "penalty-accum1"}
         for name, case in cases.items():
             assert case["on"].startswith("on (") and case["off"] == "off (switched off)", (name, case)
-        for name in ("bert-accum1", "bert-accum2", "twice-accum1"):
-            case = cases[name]
-            assert case["grads_equal"] and case["params_equal"] and not case["repaired"], (name, case)
-            assert case["excluded"] == [], (name, case)
+        for name, case in cases.items():
+            assert case["grads_equal"] and case["params_equal"], (name, case)
         # Every Linear weight of the tiny BERT (14) placed on each step after the first (the views come from a sync).
         assert cases["bert-accum1"]["placed"] == 14 * 3
         # Accumulating micro-steps: the sync step's gradient is already defined, so autograd adds as usual.
         assert cases["bert-accum2"]["placed"] == 0
-        # A layer called twice shares one cast (as autocast's cache does): placed once a step, all three weights.
-        assert cases["twice-accum1"]["placed"] == 3 * 3
-        # The penalty's second contribution is found at the first placed step, corrected, and b leaves for good.
-        pen = cases["penalty-accum1"]
-        assert pen["repaired"] == 1 and pen["excluded"] == ["b.weight"], pen
-        assert pen["placed"] == 3 + 2 * 2, pen  # a, b, head on step 2; a, head on steps 3 and 4
-        assert pen["grads_close"] and pen["params_close"], pen
+        # A layer called twice shares one cast (as autocast's cache does): placed once a step, all three weights;
+        # the penalised weight is placed too, autograd adding the penalty's gradient to it.
+        assert cases["twice-accum1"]["placed"] == cases["penalty-accum1"]["placed"] == 3 * 3
 
 
 def test_bucket_casts_equal_plain_ddp_on_gloo(tmp_path):

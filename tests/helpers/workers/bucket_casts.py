@@ -4,7 +4,8 @@
 
 Trains the same models from the same init and data a few AdamW steps under bf16 autocast with Linear weights'
 gradients cast straight into DDP's buckets (auto) and without (off): a tiny BERT with grad_accum 1 and 2, a model
-that calls one Linear twice in a forward, and one whose loss also reads a Linear weight (a penalty). Every rank
+that calls one Linear twice in a forward, and one whose loss also reads a Linear weight (a penalty: a second
+gradient autograd adds to the one placed in the bucket). Every rank
 writes whether the gradients after each step and the parameters after the last are the same, and the counters.
 """
 
@@ -80,19 +81,13 @@ def train(rank: int, model_kind: str, casts: str, accum: int, comm: object) -> d
         opt.zero_grad(set_to_none=True)
     casts = wrapped.casts
     return {"grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-            "choice": str(wrapped.bucket_casts), "placed": casts.placed if casts else 0,
-            "repaired": casts.repaired if casts else 0,
-            "excluded": sorted(n for n, p in model.named_parameters() if casts and id(p) in casts._excluded)}
+            "choice": str(wrapped.bucket_casts), "placed": casts.placed if casts else 0}
 
 
 def compare(off: dict, on: dict) -> dict:
     return {"grads_equal": all(a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
                                for a, b in zip(off["grads"], on["grads"])),
             "params_equal": all(torch.equal(off["params"][n], on["params"][n]) for n in off["params"]),
-            "grads_close": all(torch.allclose(a[n], b[n], rtol=1e-5, atol=1e-7)
-                               for a, b in zip(off["grads"], on["grads"]) for n in a),
-            "params_close": all(torch.allclose(off["params"][n], on["params"][n], rtol=1e-4, atol=1e-6)
-                                for n in off["params"]),
             "on": on["choice"], "off": off["choice"]}
 
 
@@ -106,7 +101,7 @@ with corecpu.setup(backend="gloo", precision="bf16", ipex="off", dist_timeout=60
     report: dict = {"rank": rank, "cases": {}}
     for kind, accum in (("bert", 1), ("bert", 2), ("twice", 1), ("penalty", 1)):
         off, on = (train(rank, kind, mode, accum, path()) for mode in ("off", "auto"))
-        report["cases"][f"{kind}-accum{accum}"] = {**compare(off, on), **{k: on[k] for k in ("placed", "repaired", "excluded")}}
+        report["cases"][f"{kind}-accum{accum}"] = {**compare(off, on), "placed": on["placed"]}
     if mpi is not None:
         mpi.close()
     reports = gather_objects(report)

@@ -9,7 +9,7 @@ import torch
 
 from corecpu.distributed.bucket_casts import install
 
-ON = dict(world=2, autocast_bf16=True, wire="fp32", compile=False, use_ipex=False)
+ON = dict(autocast_bf16=True, wire="fp32", compile=False, use_ipex=False)
 
 
 class Net(torch.nn.Module):
