@@ -74,6 +74,7 @@ class RecycledEmbeddingGrad:
         self._written: list[torch.Tensor] | None = []  # rows maybe nonzero in it; None: any
         self._written_count = 0
         self._zeroings = 0
+        self._handed: tuple[int, int] | None = None  # (address, version) of the kept gradient as the lookup wrote it
         embedding.forward = self._forward  # type: ignore[method-assign]
 
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -129,7 +130,22 @@ class RecycledEmbeddingGrad:
         if self.padding_idx is not None:  # torch's kernel skips the padding id: its row stays zero
             out[self.padding_idx] = 0
         self.mark_written(flat)
+        kept = self._alias is not None and out.data_ptr() == self._alias.data_ptr()
+        self._handed = (out.data_ptr(), out._version) if kept else None
         return out
+
+    @property
+    def weight(self) -> torch.nn.Parameter:
+        return self.embedding.weight
+
+    def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None:
+        """The rows outside which `grad` is zero (every row written since the kept memory was last zeroed), while
+        `grad` is that memory as the lookup's backward left it (same address, nothing written since: a version
+        counter is shared by every tensor on it); else None. For the clipper's norm in one process."""
+        if (self._handed is None or self._written is None or not self.rows_only
+                or (grad.data_ptr(), grad._version) != self._handed or not self._written):
+            return None
+        return torch.unique(torch.cat(self._written))
 
     def close(self) -> None:
         self.embedding.__dict__.pop("forward", None)

@@ -15,7 +15,8 @@ and 11 ms of multiplies, half of each on the 30,522 x 384 word embedding whose r
 - **The embedding's norm from its touched rows.** Where sparse_rows reduced the word embedding's gradient by the
   rows some rank touched, every other row is zero on every rank, so the norm of those rows is the norm of the
   tensor (summed in another order: equal up to fp32 rounding). Used only while the gradient is exactly the one
-  sparse_rows wrote (same tensor, same version); otherwise the whole tensor is read.
+  sparse_rows wrote (same tensor, same version); otherwise the whole tensor is read. In one process the kept
+  embedding gradient (corecpu.compute.embedding_grad) vouches for its written rows the same way.
 
 Anything else (IPEX's optimizer, a non-fused or other optimizer, gradients the optimizer does not update, a
 GradScaler's own `grad_scale`) gets torch's in-place multiply, with the same coefficient torch computes.
@@ -25,12 +26,20 @@ where the fused step's g / (1/c) and the rows' norm differ from it in the last b
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import torch
 
-from corecpu.distributed.sparse_rows import SparseRows
 from corecpu.errors import CoreCPUError
+
+class RowSource(Protocol):
+    """Who knows which rows of `weight`'s gradient may be nonzero: sparse_rows' reducer, the kept embedding
+    gradient. `reduced_rows(grad)`: those rows while `grad` is the tensor it vouches for, unwritten since; else None."""
+
+    weight: torch.nn.Parameter
+
+    def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None: ...
+
 
 _EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
 GRAD_CLIP_CHOICES = ("fused", "torch")
@@ -47,12 +56,12 @@ class GradientClipper:
     scale into `optimizer`'s step where it can (see the module docstring). One per wrapped model."""
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None,
-                 rows: SparseRows | None = None, kernel: str = "fused") -> None:
+                 rows: Iterable[RowSource] = (), kernel: str = "fused") -> None:
         if kernel not in GRAD_CLIP_CHOICES:
             raise CoreCPUError(f"grad_clip must be one of {', '.join(GRAD_CLIP_CHOICES)}, got {kernel!r}")
         self.parameters = [p for p in parameters if p.requires_grad]
         self.optimizer = optimizer
-        self.rows = rows
+        self.rows = list(rows)  # the first that vouches for a gradient is used
         self.kernel = kernel
         self._updated = ({id(p) for g in optimizer.param_groups for p in g["params"]}
                          if kernel == "fused" and folds_into(optimizer) else set())
@@ -90,9 +99,11 @@ class GradientClipper:
         return "torch (the optimizer is not torch's fused Adam or AdamW: the scale is multiplied in place)"
 
     def _normed(self, param: torch.nn.Parameter) -> torch.Tensor:
-        """What to take `param`'s gradient norm over: the reduced rows alone for sparse_rows' embedding."""
-        rows = self.rows.reduced_rows(param.grad) if self.rows is not None and param is self.rows.weight else None
-        return param.grad if rows is None else param.grad.index_select(0, rows)  # type: ignore[union-attr]
+        """What to take `param`'s gradient norm over: the rows a source vouches for (the embedding's), else all."""
+        for source in self.rows:
+            if param is source.weight and (rows := source.reduced_rows(param.grad)) is not None:  # type: ignore[arg-type]
+                return param.grad.index_select(0, rows)  # type: ignore[union-attr]
+        return param.grad  # type: ignore[return-value]
 
     def _forget_scale(self, optimizer: torch.optim.Optimizer, *args: object) -> None:
         if hasattr(optimizer, "grad_scale"):

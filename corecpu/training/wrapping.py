@@ -184,7 +184,7 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
-                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, rows, grad_clip),
+                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, [s for s in (rows, recycled) if s], grad_clip),
                    embedding_grad=embedding_grad, bucket_casts=casts_choice, casts=casts), optimizer
 
 

@@ -161,3 +161,23 @@ def test_no_grad_lookups_and_close_are_torchs() -> None:
         assert torch.equal(model.embed(_ids(0)), torch.nn.functional.embedding(_ids(0), model.embed.weight, 0))
     owner.close()
     assert "forward" not in vars(model.embed)
+
+
+def test_the_kept_gradient_vouches_for_its_written_rows_until_something_writes_it() -> None:
+    from corecpu.training.clipping import GradientClipper
+
+    _, kept, owner = _pair()
+    clipper = GradientClipper(kept.parameters(), None, [owner])
+    for step in range(3):
+        kept(_ids(step)).backward()
+        grad = kept.embed.weight.grad
+        rows = owner.reduced_rows(grad)  # the first step's new memory is kept too, zeroed and written the same way
+        assert rows is not None and set(rows.tolist()) == set(_ids(step).flatten().tolist())
+        assert not grad.index_fill(0, rows, 0).any()  # every nonzero row is among them
+        full = float(torch.nn.utils.get_total_norm([p.grad for p in kept.parameters()]))
+        assert abs(float(clipper(1e9, fold=False)) - full) <= 1e-6 * full
+        grad.mul_(1)  # written since: no longer vouched for
+        assert owner.reduced_rows(grad) is None
+        del grad  # holding it would keep the memory from being reused
+        kept.zero_grad(set_to_none=True)
+    assert owner.recycled == 2  # steps 2 and 3 on the memory kept from step 1
