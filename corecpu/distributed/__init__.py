@@ -9,5 +9,4 @@ BACKENDS = ("auto", "gloo", "ccl", "mpi")  # the process group
 # DDP's gradient buckets (gloo, ccl: DDP's own, on that backend; mpi, shm: corecpu's hooks on one comm thread)
 ALLREDUCE_CHOICES = ("auto", "gloo", "mpi", "ccl", "shm")
 ALLREDUCE_DTYPES = ("fp32", "bf16")  # what gradient buckets travel as
-BUCKET_CASTS_CHOICES = ("auto", "off")  # Linear weights' gradients straight into DDP's buckets
 SPARSE_EMBEDDING_CHOICES = ("auto", "on", "off")  # the word embedding's rows all-reduced by the rows touched

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from corecpu.distributed.bucket_casts import BucketCasts
-
 WAIT_MODE_VAR = "I_MPI_WAIT_MODE"
 # Intel MPI's own choice of all-reduce algorithm for 2 ranks on one host moved 32 MB no faster than
 # gloo (29.8 vs 31.3 ms); the ring (8) took 19.4 ms, and 72 vs 116 ms at 128 MB, with 1 MB unchanged
@@ -193,7 +191,7 @@ class GradientAllreduce(Protocol):
 
     def allreduce_async(self, tensor: torch.Tensor, scale: float | None = None) -> torch.futures.Future: ...
 
-    def register(self, ddp: DistributedDataParallel, casts: BucketCasts | None = None) -> None: ...
+    def register(self, ddp: DistributedDataParallel) -> None: ...
 
     def close(self) -> None: ...
 
@@ -221,23 +219,11 @@ class ProcessGroupAllreduce:
         fut = dist.all_reduce(work, group=self.group, async_op=True).get_future()
         return fut.then(lambda _: tensor if work is tensor else tensor.copy_(work))
 
-    def register(self, ddp: DistributedDataParallel, casts: BucketCasts | None = None) -> None:
-        """`casts` (fp32 only): weight gradients cast into their buckets, unscaled; the hook then scales each
-        bucket by 1/world in one call (the multiply DDP's reducer would have made) and sums it."""
+    def register(self, ddp: DistributedDataParallel) -> None:
         import torch
-        import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook, bf16_compress_hook
 
-        if casts is not None and self.wire == torch.float32:
-            group, scale = self.group, 1.0 / dist.get_world_size(self.group)
-
-            def scaled_allreduce(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations only
-                casts.note(bucket)
-                buffer = bucket.buffer().mul_(scale)
-                return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda _: buffer)
-
-            ddp.register_comm_hook(None, scaled_allreduce)
-        elif self.wire == torch.bfloat16:
+        if self.wire == torch.bfloat16:
             def bf16_on_the_wire(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks real annotations only
                 return bf16_compress_hook(state, bucket)
 

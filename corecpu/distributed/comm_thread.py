@@ -24,8 +24,6 @@ if TYPE_CHECKING:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from corecpu.distributed.bucket_casts import BucketCasts
-
 
 def comm_cpu_of(env: Mapping[str, str]) -> int | None:
     """The CPU the node plan set aside for this rank's comm thread (corecpu.cpu.busy_threads), as corecpu.bind or
@@ -65,15 +63,12 @@ class ThreadedGradientAllreduce:
         self._queue.put((tensor, scale, fut))
         return fut
 
-    def register(self, ddp: DistributedDataParallel, casts: BucketCasts | None = None) -> None:
-        """Install the communication hook: DDP hands each gradient bucket to the comm thread. `casts`: weight
-        gradients cast into their buckets (corecpu.distributed.bucket_casts), told each bucket's views."""
+    def register(self, ddp: DistributedDataParallel) -> None:
+        """Install the communication hook: DDP hands each gradient bucket to the comm thread."""
         scale = 1.0 / self.world_size
 
         # No annotations: DDP compares them with the real classes, and this module's are strings.
         def threaded_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
-            if casts is not None:
-                casts.note(bucket)
             return self.allreduce_async(bucket.buffer(), scale)
 
         ddp.register_comm_hook(None, threaded_allreduce_hook)

@@ -171,8 +171,7 @@ class Run:
             "sparse_embedding_allreduce": str(self.sparse_embedding),
             "grad_clip": (wrapped.clipper.describe() if (wrapped := self._wrapped.get()) and wrapped.clipper
                           else f"{self.options.grad_clip} (settled when the model is wrapped)"),
-            **{key: str(getattr(wrapped, key)) if wrapped else "settled when the model is wrapped"
-               for key in ("embedding_grad", "bucket_casts")},
+            "embedding_grad": str(wrapped.embedding_grad) if wrapped else "settled when the model is wrapped",
         }
 
     def banner(self) -> list[str]:
@@ -219,7 +218,7 @@ class Run:
             use_ipex=self.uses_ipex, compile=self.options.compile,
             ddp_hook=self._gradient_path if self.world_size > 1 else None,
             sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype,
-            grad_clip=self.options.grad_clip, bucket_casts=self.options.bucket_casts)
+            grad_clip=self.options.grad_clip)
         self._wrapped.set(dataclasses.replace(wrapped, attention=attention))
         return wrapped.model, optimizer
 

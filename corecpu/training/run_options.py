@@ -14,8 +14,7 @@ from typing import Any
 
 from corecpu.compute import ATTENTION_CHOICES, DROPOUT_CHOICES, IPEX_CHOICES, PRECISIONS
 from corecpu.cpu.sharing import BINDING_CHOICES
-from corecpu.distributed import (ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, BUCKET_CASTS_CHOICES,
-                                 SPARSE_EMBEDDING_CHOICES)
+from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, SPARSE_EMBEDDING_CHOICES
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GRAD_CLIP_CHOICES
 
@@ -47,10 +46,6 @@ class RunOptions:
                                           "touched, not the whole tensor (same sums; MiniLM: about half the bytes "
                                           "per step); auto: where that embedding is trainable, untied and has at "
                                           "least 4096 rows", choices=SPARSE_EMBEDDING_CHOICES)
-    bucket_casts: str = opt("auto", "auto: under bf16 autocast with fp32 on the wire, each Linear weight's gradient "
-                            "is cast from bf16 straight into its DDP bucket, scaled by 1/world on the way (DDP's "
-                            "numbers bit for bit, one pass over the gradients fewer); off: autocast's cast, then "
-                            "DDP's copy", choices=BUCKET_CASTS_CHOICES)
     attention: str = opt("auto", "attention kernel of a Hugging Face model: sdpa (transformers' default), eager, or "
                          "auto: each timed on one training step of the model at the loader's batch shape (once per "
                          "CPU, cached) and eager kept only where it was at least 1.03x as fast", choices=ATTENTION_CHOICES)

@@ -5,7 +5,6 @@
     -> resume from the checkpointer, into the plain model and optimizer
     -> ipex.optimize -> a forward that autocasts and uses the chosen dropout kernel -> torch.compile
     -> the word embedding's gradient kept between steps (corecpu.compute.embedding_grad)
-    -> Linear weights' gradients cast straight into DDP's buckets (corecpu.distributed.bucket_casts)
     -> DDP with the chosen gradient path
        (the word embedding's gradient, where sparse_rows applies, outside DDP's buckets: its touched rows)
 
@@ -32,7 +31,6 @@ from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recyc
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
-from corecpu.distributed.bucket_casts import BucketCasts, BucketCastsChoice, install as cast_into_buckets
 from corecpu.distributed.process_group import gather_objects
 from corecpu.distributed.sparse_rows import SparseChoice, SparseRows, decide as decide_sparse
 from corecpu.errors import CoreCPUError
@@ -61,8 +59,6 @@ class Wrapped:
     dropout: DropoutChoice = DropoutChoice("torch", "not decided")  # the dropout kernel inside the forward
     clipper: GradientClipper | None = None  # run.clip_grad_norm_: the model's gradients, the optimizer wrap() returned
     embedding_grad: EmbeddingGradChoice = EmbeddingGradChoice("torch", "not decided")  # the word embedding's backward
-    bucket_casts: BucketCastsChoice = BucketCastsChoice("off", "single process")  # weight gradients into DDP's buckets
-    casts: BucketCasts | None = None  # their owner when on
 
     @property
     def resumed(self) -> LoopState | None:
@@ -136,13 +132,11 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
                precision: PrecisionChoice, dropout: DropoutChoice, checkpoint: Checkpoints | None,
                restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
                ddp_hook: Callable[[], Any] | None, sparse_embedding: str = "off",
-               wire: str = "fp32", grad_clip: str = "fused",
-               bucket_casts: str = "auto") -> tuple[Wrapped, torch.optim.Optimizer | None]:
+               wire: str = "fp32", grad_clip: str = "fused") -> tuple[Wrapped, torch.optim.Optimizer | None]:
     """Apply the steps in the module docstring's order. `restore(checkpoint)` loads the resume point into the
     plain model and optimizer; `ddp_hook()` (None for one process) gives the gradient path to register.
     `sparse_embedding` auto|on|off: the word embedding's touched rows outside DDP (sparse_rows), sent as `wire`.
-    `grad_clip` fused|torch: where the clipper applies its scale (corecpu.training.clipping). `bucket_casts`
-    auto|off: Linear weights' gradients cast straight into DDP's buckets (corecpu.distributed.bucket_casts)."""
+    `grad_clip` fused|torch: where the clipper applies its scale (corecpu.training.clipping)."""
     if checkpoint is not None:
         restore(checkpoint)
     if use_ipex:
@@ -157,7 +151,6 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]
     embedding_grad, recycled = recycle_embedding_grad(unwrap(model), compile=compile, use_ipex=use_ipex)
     sparse, rows = SparseChoice("off", "single process"), None
-    casts_choice, casts = BucketCastsChoice("off", "single process"), None
     if ddp_hook is not None:
         # Broadcasting buffers costs a collective before every forward; only running statistics
         # (batch norm) change during training, and only they need rank 0's copy each step.
@@ -167,15 +160,8 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         sparse, weight = decide_sparse(sparse_embedding, unwrap(model))
         if weight is not None:  # its gradient goes by the rows touched, not in DDP's buckets
             _ignore_in_ddp(model, [n for n, p in model.named_parameters() if p is weight])
-        casts_choice, casts = ((BucketCastsChoice("off", "switched off"), None) if bucket_casts == "off" else
-                               cast_into_buckets(unwrap(model), wire=wire, compile=compile, use_ipex=use_ipex,
-                                                 autocast_bf16=precision.autocast_dtype == torch.bfloat16))
         model = DistributedDataParallel(model, gradient_as_bucket_view=True, **sync)  # broadcasts rank 0's weights
-        # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own, or with casts one that scales and sums
-        if casts is not None:
-            ddp_hook().register(model, casts.attach(model))
-        else:
-            ddp_hook().register(model)
+        ddp_hook().register(model)  # mpi, shm: corecpu's hook on one comm thread; gloo, ccl: DDP's own
         if weight is not None:
             # Under torch.compile the lookup's hooks would run inside the graph: find the rows by scanning there.
             lookup = None if compile else unwrap(model).get_input_embeddings()
@@ -185,7 +171,7 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
                    dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, [s for s in (rows, recycled) if s], grad_clip),
-                   embedding_grad=embedding_grad, bucket_casts=casts_choice, casts=casts), optimizer
+                   embedding_grad=embedding_grad), optimizer
 
 
 def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
