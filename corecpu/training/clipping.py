@@ -32,6 +32,7 @@ import torch
 
 from corecpu.errors import CoreCPUError
 
+
 class RowSource(Protocol):
     """Who knows which rows of `weight`'s gradient may be nonzero: sparse_rows' reducer, the kept embedding
     gradient. `reduced_rows(grad)`: those rows while `grad` is the tensor it vouches for, unwritten since; else None."""
