@@ -19,9 +19,10 @@ ENV CORECPU_TORCH_INDEX=${CORECPU_TORCH_INDEX} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1
 
-# numactl: memory binding per rank; openssh: mpirun reaches MPIJob workers over ssh.
+# numactl: memory binding per rank; openssh: mpirun reaches MPIJob workers over ssh; tcmalloc: the ranks preload it
+# (MiniLM trained 1.06-1.16x as fast as on glibc's malloc: corecpu/cpu/allocator.py).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends numactl openssh-client openssh-server \
+ && apt-get install -y --no-install-recommends numactl openssh-client openssh-server libtcmalloc-minimal4 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 1000 corecpu \
  && python -m venv "$VIRTUAL_ENV"

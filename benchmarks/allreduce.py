@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
@@ -227,7 +228,13 @@ def main() -> None:
         env = {**base, **CCL_SETTINGS[name], "CORECPU_BENCH_CCL": name,
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "I_MPI_PIN": "0", "CORECPU_BENCH_OUT": str(out),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        cmd = ["mpirun", "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "--worker",
+        # The environment's own mpirun (impi-rt's, beside this Python, which finds mpiexec.hydra on PATH) even when
+        # that environment is not activated.
+        env["PATH"] = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), base.get("PATH")]))
+        mpirun = shutil.which("mpirun", path=env["PATH"])
+        if mpirun is None:
+            sys.exit("allreduce.py: no mpirun beside this Python or on PATH; ./launch.sh --setup-only installs Intel MPI's")
+        cmd = [mpirun, "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "--worker",
                "--sizes-mb", args.sizes_mb, "--repeats", str(args.repeats), "--target-s", str(args.target_s)]
         subprocess.run(cmd, env=env, check=True)
         print(table(json.loads(out.read_text())))

@@ -384,9 +384,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print_tables(result, args.markdown)
-    from chart import bar_chart
-
-    console.print(f"written to {out} and {bar_chart(result, out.with_suffix('.png'))}")
+    try:
+        from chart import bar_chart  # needs matplotlib, which only the bench and report extras install
+    except ModuleNotFoundError as exc:
+        console.print(f"written to {out}; no chart ({exc.name} is not installed: pip install -e '.[bench]')")
+    else:
+        console.print(f"written to {out} and {bar_chart(result, out.with_suffix('.png'))}")
     if args.work_dir is None:  # everything read from it is in the JSON; a failed run raised above and keeps it
         shutil.rmtree(work, ignore_errors=True)
         console.print(f"removed {work} (run outputs and logs); --work-dir DIR keeps them")

@@ -17,17 +17,17 @@ from typing import Literal, Mapping
 from corecpu.errors import CoreCPUError
 from corecpu import envvars
 from corecpu.cpu import busy_threads
+from corecpu.cpu.allocator import ALLOCATORS, chosen_allocator
 from corecpu.cpu.ccl_workers import ccl_environment
 from corecpu.cpu.cpulist import format_cpu_list, parse_cpu_list
 from corecpu.cpu.rank_placement import RankPlan
-from corecpu.cpu.topology import Libraries, Topology
+from corecpu.cpu.topology import Topology
 
 KMP_AFFINITY = "granularity=fine,compact,1,0"
 # core: each rank pinned to its own cores (right when the CPUs are the job's alone).
 # numa: each rank may run anywhere on its NUMA node(s), with the same thread count: the scheduler can move
 # a rank off a core a neighbour's process landed on, instead of halving that rank and the whole job.
 BINDINGS = ("core", "numa")
-ALLOCATORS = ("auto", "tcmalloc", "jemalloc", "system")
 
 
 @dataclass(frozen=True)
@@ -367,25 +367,6 @@ def _widen_to_nodes(topology: Topology, ranks: list[RankPlan], allowed: set[int]
     notes.append("numa binding: each rank may run on any CPU of its NUMA node, with its own thread count, so "
                  "the scheduler can move it away from another process's busy core")
     return widened
-
-
-def chosen_allocator(asked: str, libs: Libraries) -> str | None:
-    """The allocator library to preload: `auto` tcmalloc where it is installed, `system` none (glibc's malloc),
-    a name that library, which must be installed. auto leaves jemalloc to be asked for: on the 2-vCPU EPYC it
-    trained ResNet-50 at 0.70x glibc's speed, where tcmalloc gave 1.11x (and 1.07x corecpu's own run; MiniLM
-    1.04x in samples/s), benchmarks/README.md."""
-    if asked not in ALLOCATORS:
-        raise CoreCPUError(f"{envvars.ALLOCATOR}={asked!r} is not one of {', '.join(ALLOCATORS)}")
-    if asked == "system":
-        return None
-    if asked == "auto":
-        return libs.tcmalloc
-    found = libs.tcmalloc if asked == "tcmalloc" else libs.jemalloc
-    if found is None:
-        package = "libtcmalloc-minimal4" if asked == "tcmalloc" else "libjemalloc2"
-        raise CoreCPUError(f"{envvars.ALLOCATOR}={asked} but no lib{asked} was found; install {package} (apt) or "
-                           f"unset {envvars.ALLOCATOR}")
-    return found
 
 
 def _environment(topology: Topology, request: PlanRequest, ranks: list[RankPlan], workers: int,

@@ -90,7 +90,12 @@ def op_cache_dir(env: Mapping[str, str] = os.environ) -> Path:
     import torch
 
     # The installed version, read without importing DeepSpeed (its import is slow and logs).
-    key = f"torch-{torch.__version__}-deepspeed-{metadata.version('deepspeed')}-py{sys.version_info[0]}{sys.version_info[1]}"
+    try:
+        deepspeed = metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        raise CoreCPUError(f"DeepSpeed's shared-memory op needs deepspeed, which is not installed; "
+                           f"{install_extra('shm')}, or use --allreduce gloo") from None
+    key = f"torch-{torch.__version__}-deepspeed-{deepspeed}-py{sys.version_info[0]}{sys.version_info[1]}"
     return envvars.cache_dir(env) / "shm" / re.sub(r"[^A-Za-z0-9._-]", "_", key)
 
 

@@ -46,10 +46,11 @@ from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import AttentionChoice
 from corecpu.compute.dropout import DropoutChoice, decide_dropout, has_dropout, uses_gradient_checkpointing
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
-from corecpu.cpu import threads as _threads
+from corecpu.cpu import allocator as _allocator, threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import Extension, read_cpu_features
 from corecpu.cpu.node_plan import NodePlan
+from corecpu.cpu.topology import default_library_dirs, find_libraries
 from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import gradient_path, mpi_init
 from corecpu.distributed import process_group as _pg
@@ -88,6 +89,7 @@ class Run:
     binding: str = "none"  # "core" | "numa" (corecpu pinned the rank), "launcher" (someone else did) or "none"
     binding_reason: str = ""
     requested_precision: PrecisionChoice | None = None  # fp32 or bf16 as asked (None: auto, settled by wrap())
+    allocator: str = "glibc"  # the malloc in force and, for glibc's under auto, how to get tcmalloc
     # The owners of what changes while the run goes on (see the module docstring); never reassigned.
     _node: NodePlan | None = dataclasses.field(default=None, repr=False, compare=False)
     _measured_path: GradientAllreduce | None = dataclasses.field(default=None, repr=False, compare=False)
@@ -163,6 +165,7 @@ class Run:
             "threads": f"{self.threads} ({self.threads_reason})",
             "cpus": format_cpu_list(self.cpus),
             "binding": f"{self.binding} ({self.binding_reason})",
+            "allocator": self.allocator,
             "ipex": ("off" if self.ipex is None else
                      f"{'ipex.optimize' if self.ipex.usable else 'not used'} ({self.ipex.reason})"),
             "compile": "torch.compile" if self.options.compile else "off",
@@ -183,7 +186,7 @@ class Run:
                 f"({self.backend_reason}); gradient all-reduce {self.allreduce} ({self.allreduce_reason})",
                 f"precision {self.describe()['precision']}; {self.threads} thread(s) per rank ({self.threads_reason}); "
                 f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}; attention {self.attention}; "
-                f"dropout {self.dropout.name}"]
+                f"dropout {self.dropout.name}; allocator {self.allocator}"]
 
     def resolved(self) -> dict[str, Any]:
         """The machine-dependent choices as plain values: a resume compares them with the checkpoint's."""
@@ -485,6 +488,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
                   allreduce=path, allreduce_reason=path_reason, ipex=_ipex.wanted(opts.ipex),
                   master=f"{pg.master_addr}:{pg.master_port}" if pg.master_addr else "", bindings=bindings,
                   requested_precision=requested, _node=node, _measured_path=measured, _life=life,
+                  allocator=_allocator.describe(env, lambda: find_libraries(default_library_dirs(env))),
                   _clock=LoopClock(start_watchdog), **_threads.binding_of(decision, env, lambda: node.binding))
     except BaseException:
         _pg.teardown()

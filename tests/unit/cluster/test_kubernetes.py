@@ -25,6 +25,7 @@ import subprocess
 
 import pytest
 
+from corecpu.cpu.allocator import TCMALLOC_PACKAGE
 from corecpu.distributed.process_group import master_address
 from corecpu.errors import CoreCPUError
 from corecpu.cluster.launchers import detect_launcher
@@ -275,6 +276,7 @@ def test_dockerfile_rules():
     assert re.search(r"^COPY .*corecpu", text, re.M), "the package is copied in"
     assert int(image_user()) > 0, "the image runs as a non-root user"
     assert "apt-get install" not in text or "--no-install-recommends" in text
+    assert TCMALLOC_PACKAGE in text, "the ranks preload tcmalloc where it is installed (corecpu/cpu/allocator.py)"
     # launch.sh keeps the image's torch, so everything else is pinned by a constraints file
     assert "PIP_CONSTRAINT=image-constraints.txt ./launch.sh --setup-only" in text
     pins = dict(line.split("==") for line in (ROOT / "image-constraints.txt").read_text().splitlines()

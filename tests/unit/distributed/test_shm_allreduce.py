@@ -169,3 +169,18 @@ def test_a_build_is_loaded_directly_only_while_it_is_the_one_stamped(tmp_path, m
     assert shm._load_built(folder) is None and imported == []
     (folder / shm._STAMP).write_text("{not json")
     assert shm._load_built(folder) is None and imported == []
+
+
+def test_loading_the_op_without_deepspeed_is_one_line_naming_the_extra(monkeypatch):
+    # Found by benchmarks/allreduce.py on a machine without the extra: the build folder's name read DeepSpeed's
+    # version first, so the first thing anyone saw was importlib's PackageNotFoundError, not corecpu's line.
+    from importlib import metadata
+
+    from corecpu.distributed import shm_allreduce as shm
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(shm.metadata, "version", missing)
+    with pytest.raises(CoreCPUError, match=r"needs deepspeed, which is not installed; .*shm.*--allreduce gloo"):
+        shm.load_op()
