@@ -20,7 +20,7 @@ ENV CORECPU_TORCH_INDEX=${CORECPU_TORCH_INDEX} \
     PYTHONUNBUFFERED=1
 
 # numactl: memory binding per rank; openssh: mpirun reaches MPIJob workers over ssh; tcmalloc: the ranks preload it
-# (MiniLM trained 1.06-1.16x as fast as on glibc's malloc: corecpu/cpu/allocator.py).
+# (MiniLM trained 0.99-1.16x as fast as on glibc's malloc: corecpu/cpu/allocator.py).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends numactl openssh-client openssh-server libtcmalloc-minimal4 \
  && rm -rf /var/lib/apt/lists/* \

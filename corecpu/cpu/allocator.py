@@ -1,10 +1,10 @@
 """Which malloc the ranks run on: the one the plan preloads, and the one a rank finds in force.
 
 tcmalloc keeps freed memory for reuse; glibc's malloc hands large blocks back and takes them again, so a batch
-longer than the last ones pays page faults and fragmentation growth. MiniLM's 2-rank job trained 1.06-1.10x as
-fast with tcmalloc as with glibc's malloc on a 2-vCPU AMD EPYC and 1.06-1.16x on the AMX Xeon (benchmarks/README.md);
-jemalloc was no faster than glibc's on the EPYC and 0.70x on ResNet-50. So `auto` preloads tcmalloc where it is
-installed, and a rank that runs on glibc's malloc says how to get it.
+longer than the last ones pays page faults. With tcmalloc MiniLM's 2-rank job trained 1.06-1.16x as fast on the AMX
+Xeon; on a 2-vCPU Zen 5 EPYC, 1.06-1.12x in seven back-to-back pairs but 0.99x between two benchmark runs (medians of
+three, benchmarks/README.md); jemalloc was no faster than glibc's there and 0.70x on ResNet-50. So `auto` preloads
+tcmalloc where it is installed, and a rank that runs on glibc's malloc says how to get it.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def describe(env: Mapping[str, str], libraries: Callable[[], Libraries]) -> str:
         return (f"glibc ({tcmalloc} is installed, but the launcher started this rank without it: "
                 "./launch.sh and corecpu launch preload it)")
     return (f"glibc (no tcmalloc found: `apt-get install {TCMALLOC_PACKAGE}` and corecpu preloads it; "
-            "MiniLM trained 1.06-1.16x as fast with it, benchmarks/README.md)")
+            "what it gained is in benchmarks/README.md)")
 
 
 __all__ = ["ALLOCATORS", "TCMALLOC_PACKAGE", "chosen_allocator", "describe", "in_use"]
