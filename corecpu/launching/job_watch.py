@@ -23,6 +23,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -34,6 +35,7 @@ from typing import Callable
 
 from corecpu.cluster import job_records
 from corecpu.cluster.job_records import RankRecord
+from corecpu.reliability import preempt
 
 START_STOP_GRACE_S = 3.0  # a stop signal before any rank has its process group: nothing to save
 STOP_GRACE_S = 30.0  # a stop signal during training: the ranks save first (Slurm's default KillWait is 30 s)
@@ -119,6 +121,18 @@ def stop_saved(output_dir: str | None, since: float) -> bool:
         return os.stat(Path(output_dir, "stopped.json")).st_mtime >= since
     except OSError:
         return False
+
+
+def saved_stop_line(output_dir: str) -> str | None:
+    """The stop line of ranks that saved and said so, rebuilt from their stopped.json (Checkpoints.mark_stopped) for
+    when a second signal ended them before their own line was out; None when the record cannot be read."""
+    try:
+        record = json.loads(Path(output_dir, "stopped.json").read_text())
+        signum, step = signal.Signals[record["signal"]], int(record["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    checkpoint = Path(record["checkpoint"]).name if record.get("checkpoint") else f"step-{step}"
+    return preempt.stop_line(signum, step, checkpoint, record.get("resume") or "--resume auto")
 
 
 def descendants(root: int, proc: str = "/proc") -> list[int]:
@@ -234,7 +248,11 @@ class JobWatch:
             return self.code
         if self._stop_signal and code != EXIT_STOPPED:
             if self.exited_without_saving and stop_saved(self.output_dir, self._stop_wall):
-                return EXIT_STOPPED  # the save was done and said so; the second signal only cut the exit short
+                # The save was done; the second signal only cut the exit short, perhaps before rank 0's line was out
+                # (seen once in CI): say it again, last.
+                if (line := saved_stop_line(self.output_dir)) is not None:
+                    self._say(line)
+                return EXIT_STOPPED
             if self.exited_without_saving:
                 self._say(last_checkpoint_line(self.output_dir))
             elif in_startup(records):

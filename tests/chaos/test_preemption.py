@@ -105,8 +105,9 @@ def test_sigint_twice_ends_with_a_last_line_and_no_half_written_checkpoint(tmp_p
     last = text.strip().splitlines()[-1]
     assert not [p.name for p in (job.out / "checkpoints").glob(".*")], "a temporary checkpoint was left behind"
     if rc == EXIT_STOPPED:
-        step = int(STOP_LINE.search(last).group(2))
-        complete_checkpoint(job.out, step)
+        stopped = STOP_LINE.search(last)
+        assert stopped, text[-3000:]
+        complete_checkpoint(job.out, int(stopped.group(2)))
     else:
         assert rc == 128 + signal.SIGINT, text[-3000:]
         assert re.fullmatch(r"corecpu: exited without saving; (last checkpoint step \d+|no checkpoint)", last), text

@@ -76,6 +76,26 @@ def test_start_up_and_the_last_line_of_a_stop(tmp_path):
     assert not job_watch.stop_saved(str(tmp_path), time.time() - 5)
     (tmp_path / "stopped.json").write_text(json.dumps({"step": 12}))
     assert job_watch.stop_saved(str(tmp_path), time.time() - 5) and not job_watch.stop_saved(None, 0)
+    assert job_watch.saved_stop_line(str(tmp_path)) is None  # a record without its signal: nothing to rebuild
+
+
+def test_a_stop_cut_short_after_its_save_still_ends_with_the_ranks_stop_line(tmp_path, monkeypatch):
+    # Ctrl-C twice: the ranks saved and wrote stopped.json, then the second signal ended them, perhaps before rank 0's
+    # own line was out (seen once in CI). The launcher says that line last, rebuilt from the record word for word.
+    from corecpu.reliability import preempt
+    from corecpu.training.checkpointer import Checkpoints
+
+    monkeypatch.setattr(job_watch, "kill_job", lambda *args, **kwargs: None)  # this test's process has no job
+    (tmp_path / "job").mkdir()
+    said: list[str] = []
+    watch = job_watch.JobWatch(tmp_path / "job", 0, said.append, output_dir=str(tmp_path)).start()
+    assert watch.stop_signal(signal.SIGINT) and not watch.stop_signal(signal.SIGINT)
+    (tmp_path / "checkpoints" / "step-00000007").mkdir(parents=True)
+    Checkpoints(tmp_path).mark_stopped("SIGINT", 7, tmp_path / "checkpoints" / "step-00000007")
+    expected = preempt.stop_line(signal.SIGINT, 7, "step-00000007")
+    assert job_watch.saved_stop_line(str(tmp_path)) == expected
+    assert watch.finish(128 + signal.SIGINT) == job_watch.EXIT_STOPPED
+    assert said == [expected]
 
 
 def test_torchrun_exits_75_when_every_rank_stopped_and_saved():
