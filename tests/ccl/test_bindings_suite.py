@@ -55,14 +55,34 @@ def cpu_tests(source: Path) -> list[str]:
         and "xpu" not in fn.name.lower()))
 
 
+def crashed_tests(stderr: str) -> list[str] | None:
+    """The failed tests of a suite run when every failure was a rank killed by a signal (upstream's "Expected exit
+    code 0 but got -6": oneCCL aborting inside a test's child process), as Class.test names; else None."""
+    failed = re.findall(r"^(?:FAIL|ERROR): (test_\w+) \(__main__\.(\w+)\.\1\)", stderr, re.M)
+    crashes = re.findall(r"^AssertionError: Scalars are not equal!", stderr, re.M)
+    killed = re.findall(r"Expected exit code 0 but got -\d+ for pid", stderr)
+    if not failed or len(killed) < len(failed) or len(crashes) < len(failed):
+        return None
+    return [f"{cls}.{test}" for test, cls in failed]
+
+
 def test_the_bindings_cpu_suite_passes(upstream_tests):
     names = cpu_tests(upstream_tests / "test_c10d_ccl.py")
     assert len(names) >= 15 and "ProcessGroupCCLTest.test_allreduce_coalesced_basics" in names, names
     proc = _suite(upstream_tests, "-v", *names, timeout=600)
     tail = proc.stderr[-3000:]
-    assert proc.returncode == 0, tail
-    assert re.search(rf"^Ran {len(names)} tests", proc.stderr, re.M), tail
-    assert re.search(r"^OK( \(skipped=\d+\))?$", proc.stderr, re.M), tail
+    # A test whose child rank was killed by a signal runs once more on its own (seen once in a CI run: oneCCL aborted
+    # in test_reduce_basics, which passed in every other run); it must pass then, and any other failure counts.
+    retried = crashed_tests(proc.stderr) if proc.returncode != 0 else None
+    if retried is not None:
+        again = _suite(upstream_tests, "-v", *retried, timeout=300)
+        assert again.returncode == 0 and re.search(r"^OK", again.stderr, re.M), (
+            f"{retried} crashed twice:\n{again.stderr[-3000:]}")
+        print(f"retried after a signal killed a rank: {retried}")
+    else:
+        assert proc.returncode == 0, tail
+        assert re.search(rf"^Ran {len(names)} tests", proc.stderr, re.M), tail
+        assert re.search(r"^OK( \(skipped=\d+\))?$", proc.stderr, re.M), tail
     # A CPU test may only skip for want of an XPU (some need several devices without saying xpu in their name).
     skipped = re.findall(r"^(test_\w+) .*?\.\.\. skipped '(.*)'$", proc.stderr, re.M)
     assert all(re.search(r"xpu|gpu|device", why, re.I) for _, why in skipped), skipped
