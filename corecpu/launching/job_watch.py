@@ -39,8 +39,8 @@ from corecpu.reliability import preempt
 
 START_STOP_GRACE_S = 3.0  # a stop signal before any rank has its process group: nothing to save
 STOP_GRACE_S = 30.0  # a stop signal during training: the ranks save first (Slurm's default KillWait is 30 s)
-EXIT_STOPPED = 75  # the ranks stopped on request and saved (corecpu.reliability.preempt.EXIT_STOPPED)
-REPEAT_AFTER_S = 1.0  # corecpu.reliability.preempt.REPEAT_AFTER_S: a repeat sooner is taken for a duplicate
+EXIT_STOPPED = preempt.EXIT_STOPPED  # the ranks stopped on request and saved
+REPEAT_AFTER_S = preempt.REPEAT_AFTER_S  # a repeat signal sooner than this is taken for a duplicate
 POLL_S = 0.1
 CAUSE_WAIT_S = 0.5  # after a first bad end, the others' records this long: the cause, not a consequence
 PR_SET_CHILD_SUBREAPER = 36
