@@ -6,8 +6,8 @@ Paths (`choose_allreduce` picks one; `make_gradient_allreduce` builds its object
 - mpi: below;
 - shm: DeepSpeed's shared-memory op inside a host, hierarchical across hosts (corecpu.distributed.shm_allreduce).
 
-When Intel MPI started the ranks, its intra-node Allreduce (mpi4py on impi-rt's libmpi)
-is several times faster than gloo's for small buckets. Two things make it pay off
+When MPI started the ranks, its intra-node Allreduce (mpi4py on impi-rt's libmpi, or on Open MPI's when
+its mpirun started them: corecpu.launching.mpirun) is several times faster than gloo's for small buckets. Two things make it pay off
 inside DDP:
 
 - MPI runs on ONE dedicated comm thread (corecpu.distributed.comm_thread), never inside the hook.
@@ -159,10 +159,7 @@ class MpiGradientAllreduce(ThreadedGradientAllreduce):
         self.rank, world_size = comm.Get_rank(), comm.Get_size()
         expect = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (info.rank, info.world_size)
         if (self.rank, world_size) != expect:
-            raise CoreCPUError(
-                f"MPI says rank {self.rank} of {world_size} but torch.distributed says rank {expect[0]} of "
-                f"{expect[1]}; start the ranks with one mpirun (not mpirun inside torchrun or srun), or use gloo"
-            )
+            raise CoreCPUError(world_mismatch(self.rank, world_size, expect, info.launcher, library_of(mpi)))
         super().__init__(world_size, "corecpu-mpi-allreduce", comm_cpu_of(node.environ))
 
     def _reduce(self, tensor: torch.Tensor, scale: float | None) -> torch.Tensor:
@@ -180,6 +177,26 @@ class MpiGradientAllreduce(ThreadedGradientAllreduce):
         if wire is not tensor:
             tensor.copy_(wire)
         return tensor
+
+
+def library_of(mpi: Any) -> str:
+    """The first line of the MPI library's own name for itself ("Open MPI v4.1.4, ...", "Intel(R) MPI Library
+    2021.18.1 for Linux* OS"), or "" where the module cannot say (a test's stand-in)."""
+    try:
+        return str(mpi.Get_library_version()).strip().splitlines()[0].split(",")[0]
+    except (AttributeError, IndexError):
+        return ""
+
+
+def world_mismatch(rank: int, size: int, expect: tuple[int, int], launcher: str, library: str) -> str:
+    """Pure: the one line for an MPI world that is not torch.distributed's. A world of one under an MPI launcher is
+    mpi4py on another MPI than the one that started the ranks (each rank then starts MPI alone)."""
+    said = f"MPI says rank {rank} of {size} but torch.distributed says rank {expect[0]} of {expect[1]}"
+    if size == 1 and expect[1] > 1 and launcher in ("openmpi", "intel-mpi", "mvapich"):
+        other = f"mpi4py loaded {library}" if library else "mpi4py loaded another MPI"
+        return (f"{said}: {other}, not the MPI of the {launcher} launcher that started the ranks; point mpi4py at "
+                "that MPI's libmpi (MPI4PY_LIBMPI, which corecpu launch sets for Open MPI), or use --allreduce gloo")
+    return f"{said}; start the ranks with one mpirun (not mpirun inside torchrun or srun), or use gloo"
 
 
 # ---------------------------------------------------------------- every path behind one interface

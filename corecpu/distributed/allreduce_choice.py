@@ -97,12 +97,14 @@ def measure(paths: Mapping[str, Callable[["torch.Tensor"], Any]], barrier: Calla
 
 
 def cache_key(cpu_model: str, world_size: int, local_size: int, threads: int, candidates: Sequence[str],
-              torch_version: str, busy: bool = False) -> str:
+              torch_version: str, busy: bool = False, mpi: str = "") -> str:
     """`busy`: launch.sh found some of the job's CPUs busy with other work at start. Such a start gets a
     timing of its own: with a neighbour taking turns on the cores, the paths rank differently (one 25 MB
-    bucket on 2 vCPUs with one spinning neighbour: MPI 10.0 -> 21.9 ms, ccl 16.3 -> 16.0 ms)."""
+    bucket on 2 vCPUs with one spinning neighbour: MPI 10.0 -> 21.9 ms, ccl 16.3 -> 16.0 ms). `mpi`: the MPI
+    that started the ranks (a launcher name) when mpi is a candidate: Intel MPI's timing says nothing of Open MPI's."""
     return (f"{cpu_model} | world {world_size} | {local_size} per host | {threads} threads | "
-            f"{'+'.join(sorted(candidates))} | torch {torch_version}" + (" | CPUs busy at start" if busy else ""))
+            f"{'+'.join(sorted(candidates))} | torch {torch_version}" + (" | CPUs busy at start" if busy else "")
+            + (f" | {mpi}" if mpi and "mpi" in candidates else ""))
 
 
 def cached(key: str) -> dict[str, Any] | None:

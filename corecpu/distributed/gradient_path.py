@@ -41,7 +41,7 @@ def _key(info: LaunchInfo, order: list[str], busy: bool = False) -> str:
     import torch
 
     return cache_key(read_cpu_features().model_name, info.world_size, info.local_world_size, torch.get_num_threads(),
-                     order, torch.__version__, busy)
+                     order, torch.__version__, busy, mpi=info.launcher)
 
 
 def cached_winner_without_ccl(info: LaunchInfo, mpi_ok: Callable[[], tuple[bool, str]] = mpi4py_importable,

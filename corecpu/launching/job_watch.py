@@ -184,10 +184,11 @@ class JobWatch:
     """The thread that reads the ranks' records while the launcher child runs. `say` prints one line."""
 
     def __init__(self, job_dir: Path, child_pid: int, say: Callable[[str], None],
-                 output_dir: str | None = None, end_on_failure: bool = True) -> None:
-        """`end_on_failure`: name a failed rank and end the job (not under torchrun, whose agent does that)."""
+                 output_dir: str | None = None, end_on_failure: bool = True, restate_stop: bool = False) -> None:
+        """`end_on_failure`: name a failed rank and end the job (not under torchrun, whose agent does that).
+        `restate_stop`: after a stop that saved, say the stop line again, last (the launcher child prints after it)."""
         self.job_dir, self.child_pid, self._say, self.output_dir = job_dir, child_pid, say, output_dir
-        self.end_on_failure = end_on_failure
+        self.end_on_failure, self.restate_stop = end_on_failure, restate_stop
         self.code: int | None = None  # the job's exit code when this watch ended it
         self.exited_without_saving = False
         self._done = threading.Event()
@@ -219,7 +220,7 @@ class JobWatch:
             self.exited_without_saving = True
             delay = max(0.0, self._stop_at + REPEAT_AFTER_S + 0.1 - now)
             self._deadline = min(self._deadline or float("inf"), now + delay + START_STOP_GRACE_S)
-        timer = threading.Timer(delay, self._signal_ranks, args=(signum,))
+        timer = threading.Timer(delay, self.signal_ranks, args=(signum,))
         timer.daemon = True
         timer.start()
         return False
@@ -228,13 +229,17 @@ class JobWatch:
         """A rank's watchdog found the job hung (END_JOB_SIGNAL): it named the rank and ends the job itself."""
         self._hung = True
 
-    def _signal_ranks(self, signum: int) -> None:
+    def signal_ranks(self, signum: int) -> bool:
+        """Send `signum` to the ranks on this host; whether any was there to receive it."""
+        sent = False
         for rec in self.records().values():
             if rec.pid:
                 try:
                     os.kill(rec.pid, signum)
+                    sent = True
                 except (ProcessLookupError, PermissionError):
                     pass
+        return sent
 
     def finish(self, code: int) -> int:
         """The launcher child has exited with `code`: stop watching, kill and reap whatever of the job is left,
@@ -246,6 +251,12 @@ class JobWatch:
         shutil.rmtree(self.job_dir, ignore_errors=True)
         if self.code is not None:
             return self.code
+        if self._stop_signal and self.restate_stop and stop_saved(self.output_dir, self._stop_wall):
+            # Open MPI reports the ranks' exit 75 as a failure, or ends the last rank out with a signal and exits
+            # with another code: the record says the stop saved, so say its line last and exit as a stop.
+            if (line := saved_stop_line(self.output_dir)) is not None:
+                self._say(line)
+                return EXIT_STOPPED
         if self._stop_signal and code != EXIT_STOPPED:
             if self.exited_without_saving and stop_saved(self.output_dir, self._stop_wall):
                 # The save was done; the second signal only cut the exit short, perhaps before rank 0's line was out

@@ -7,7 +7,8 @@
     corecpu launch -n 2 --log-dir logs train --model tiny   # corecpu's own train.py; rank N -> logs/rank-N.log
 
 launch.sh sets up the environment and then runs this with train.py as the default
-script. Ranks start through Intel MPI's mpirun (or torchrun where there is none),
+script. Ranks start through the mpirun found, Intel MPI's, MPICH's or Open MPI's (corecpu.launching.mpirun
+speaks each one's options), or torchrun where there is none,
 each through `python -m corecpu.bind`, which pins it from its own node's plan
 before torch loads. Options come before the script; everything after the script
 is the script's (the command line: corecpu.launching.launch_args).
@@ -23,9 +24,9 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, NoReturn, Sequence
+from typing import Callable, Iterable, Mapping, NoReturn, Sequence
 
 from corecpu import address_space, envvars
 from corecpu.cpu.cpulist import format_cpu_list
@@ -34,7 +35,7 @@ from corecpu.cpu.sharing import decide_binding, gather_evidence
 from corecpu.cpu.threads import check_omp_num_threads
 from corecpu.cpu.topology import detect_topology, read_topology
 from corecpu.errors import CoreCPUError, install_extra, run_cli
-from corecpu.launching import job_watch
+from corecpu.launching import job_watch, mpirun
 from corecpu.launching.launch_args import LaunchRequest, build_parser, parse_args  # noqa: F401 (callers' names)
 from corecpu.launching.rank_logs import failure_summary
 from corecpu.launching.torchrun import loopback_ip
@@ -85,16 +86,24 @@ class LaunchPlan:
     env: dict[str, str]  # the variables this launch sets (on top of the caller's environment)
     local_ranks: int
     warnings: list[str]
+    notes: list[str] = field(default_factory=list)  # what the launch does that a user should know (one line each)
+    mpi_family: str | None = None  # mpirun.HYDRA or mpirun.OPEN_MPI when mpirun starts the ranks
 
 
 def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usable_cores: int,
-                which=shutil.which, port=free_port, allowed_cpus: str | None = None) -> LaunchPlan:
-    """Pure apart from `which` and `port`: the command and environment that start the job. `usable_cores`:
+                which=shutil.which, port=free_port, allowed_cpus: str | None = None,
+                mpi_kind: Callable[[str], mpirun.MpiKind] = mpirun.detect,
+                both_abis: Callable[[], bool] = mpirun.mpi4py_has_both_abis, euid: Callable[[], int] = os.geteuid
+                ) -> LaunchPlan:
+    """Pure apart from `which`, `port`, `mpi_kind` (which MPI an mpirun path is) and `both_abis` (whether
+    mpi4py can load either MPI): the command and environment that start the job. `usable_cores`:
     this host's cores the plan may use (corecpu plan refuses more ranks than that without --oversubscribe,
     and so does this, for the ranks it starts here). `allowed_cpus`: the CPUs the user narrowed this one-host
     launch to (`user_cpu_restriction`), handed to every rank's corecpu.bind."""
     env: dict[str, str] = {}
     warnings: list[str] = []
+    notes: list[str] = []
+    family = None
     check_omp_num_threads(environ)  # corecpu.bind replaces it per rank: say so now, not never
     several = bool(req.hostfile) or (req.nnodes or 1) > 1
     if req.hostfile:
@@ -110,6 +119,7 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         default_addr = hosts[0]
         local = ppn
     else:
+        hosts = []
         nnodes = req.nnodes or 1
         local = req.ppn or (req.nranks or 0) // nnodes
         nranks = local * nnodes
@@ -148,11 +158,13 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         if value is not None:
             env[name] = value  # corecpu.bind routes each rank's streams (rank_logs.stream_targets)
     if launcher == "mpirun":
-        env["I_MPI_PIN"] = "0"  # corecpu.bind pins each rank from its own node's plan
-        cmd = ["mpirun", "-n", str(nranks)]
-        if req.hostfile:
-            cmd += ["-f", req.hostfile, "-ppn", str(local)]
-        # Intel MPI propagates the whole environment (MASTER_*, PATH, ...) to every host by default.
+        kind = mpi_kind(which("mpirun") or "mpirun")
+        family = kind.family
+        env.update(mpirun.mpi4py_library(kind, environ, both_abis()))
+        forward = mpirun.forwarded_names(environ, env) if kind.family == mpirun.OPEN_MPI and req.hostfile else []
+        cmd, mpi_env, notes = mpirun.command(kind, nranks, local, req.hostfile, hosts, oversubscribe=req.oversubscribe,
+                                             as_root=euid() == 0, forward=forward)
+        env.update(mpi_env)
         cmd += bind + script
     elif nnodes > 1:  # torchrun on each node, static rendezvous at rank 0's host (torchrun's own meaning)
         env["OMP_NUM_THREADS"] = "1"
@@ -173,7 +185,7 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
         cmd = [python, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                f"{addr}:0", "--rdzv-id", f"corecpu-{os.getpid()}", "--local-addr", addr,
                "--nproc-per-node", str(local), "--no-python", *bind, *script]
-    return LaunchPlan(cmd, env, local, warnings)
+    return LaunchPlan(cmd, env, local, warnings, notes, family)
 
 
 def user_cpu_restriction(affinity: Iterable[int], cpuset: Iterable[int]) -> str | None:
@@ -227,7 +239,9 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
         shutil.rmtree(job_dir, ignore_errors=True)
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
     # torchrun's agent already ends the job when a worker fails, and names it (corecpu.launching.torchrun).
-    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir, end_on_failure=launcher == "mpirun").start()
+    # Open MPI prints its own report of a rank's exit 75 after the stop line: the watch says that line again, last.
+    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir, end_on_failure=launcher in ("mpirun", mpirun.OPEN_MPI),
+                               restate_stop=launcher == mpirun.OPEN_MPI).start()
 
     def forward(signum: int, _frame: object) -> None:
         sig, target = signum, child.pid
@@ -237,6 +251,10 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
                   "SIGHUP): they stop after this step and save", file=sys.stderr, flush=True)
         if not watch.stop_signal(sig):
             return  # a second one: the watch passes it to the ranks themselves
+        if launcher == mpirun.OPEN_MPI and watch.signal_ranks(sig):
+            # Open MPI would pass SIGINT on as SIGTERM and exit 1 even when the ranks saved. The ranks on this
+            # host hear the signal itself; they agree on the stop with the others at the next step (preempt).
+            return
         if launcher == "mpirun":
             # mpirun is a shell script around mpiexec.hydra, which is the one that forwards to the ranks.
             target = next(iter(_children(child.pid, "mpiexec.hydra")), child.pid)
@@ -335,6 +353,8 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             raise CoreCPUError(problem)
         for w in plan.warnings:
             print(f"corecpu launch: warning: {w}", file=sys.stderr, flush=True)
+        for note in plan.notes:
+            print(f"corecpu launch: {note}", file=sys.stderr, flush=True)
         if not req.hostfile and envvars.BINDING not in os.environ:
             # Measured here, before any rank exists (their start-up would look like load). One host only: each
             # host of a multi-host job decides in corecpu.bind from its own signs.
@@ -368,8 +388,8 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             raise CoreCPUError(too_small)
         train = Path(req.script).name == "train.py"
         output_dir = (_script_option(req.script_args, "--output-dir") or TRAIN_OUTPUT_DIR) if train else None
-        code = run_forwarding_signals(plan.command, env, "mpirun" if plan.command[0] == "mpirun" else "torchrun",
-                                      output_dir)
+        launcher = (mpirun.OPEN_MPI if plan.mpi_family == mpirun.OPEN_MPI else "mpirun") if plan.mpi_family else "torchrun"
+        code = run_forwarding_signals(plan.command, env, launcher, output_dir)
         if code != 0 and req.log_dir:
             print("\n".join([f"corecpu launch: the job failed (exit {code}); rank logs in {req.log_dir}",
                              *failure_summary(req.log_dir)]), file=sys.stderr, flush=True)

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from corecpu.data.sampling import set_epoch
+from corecpu.distributed import process_group as _pg
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import preempt
 from corecpu.training.loop_clock import LoopClock
@@ -190,6 +191,9 @@ class Steps:
         if self._is_main:
             ckpt.mark_stopped(preempt.signal_name(signum), step.number, saved)
         self._say(preempt.stop_line(signum, step.number, saved.name if saved else f"step-{step.number}"))
+        # No rank leaves before rank 0 has recorded the stop and said so: Open MPI's mpirun ends every other rank
+        # within a second of the first one's exit.
+        _pg.barrier()
         raise SystemExit(preempt.EXIT_STOPPED)
 
     def _say(self, line: str) -> None:

@@ -96,12 +96,31 @@ def venv(tmp_path_factory) -> Path:
     return env_dir
 
 
+MPI_LAUNCHERS = {"mpirun", "mpiexec", "mpiexec.hydra", "orterun", "prterun"}
+
+
+def system_bin_without_mpi(venv: Path) -> str:
+    """/usr/bin and /bin for PATH, or, where a system MPI lives there (Debian's openmpi-bin, which .ci/run installs
+    for the Open MPI tests), a folder of links to everything in them but its launchers: this machine's user has no MPI."""
+    dirs = ["/usr/bin", "/bin"]
+    if not any(Path(d, name).exists() for d in dirs for name in MPI_LAUNCHERS):
+        return ":".join(dirs)
+    farm = venv.parent / "system-bin"
+    if not farm.exists():
+        farm.mkdir()
+        for d in dirs:
+            for entry in Path(d).iterdir():
+                if entry.name not in MPI_LAUNCHERS and not (farm / entry.name).exists():
+                    (farm / entry.name).symlink_to(entry)
+    return str(farm)
+
+
 def outside(venv: Path) -> dict[str, str]:
     """The environment of a user of `venv`: nothing of the checkout or of the test run's own environment (its
-    mpirun, its corecpu) is visible."""
+    mpirun, its corecpu) is visible, and no system MPI either."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(("SLURM_", "PMI_", "OMPI_", "MASTER_"))}
-    env["PATH"] = f"{venv / 'bin'}:/usr/bin:/bin"
+    env["PATH"] = f"{venv / 'bin'}:{system_bin_without_mpi(venv)}"
     return env
 
 
