@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the fake hosts are the multi-host tes
 
 import harness  # noqa: E402
 import stats  # noqa: E402
+from common import bert_base_random  # noqa: E402
 from helpers.netns import TwoHosts, fake_hosts, shape  # noqa: E402
 
 VARIANTS = ("corecpu", "corecpu:dense", "corecpu:gloo", "trainer")
@@ -156,24 +157,6 @@ def write_data(name: str, eval_rows: int, work: Path) -> dict[str, str]:
                 fh.write(json.dumps(row) + "\n")
         files[split], files["pairs"] = str(path), "1" if data.text_pairs is not None else ""
     return files
-
-
-def bert_base(work: Path) -> Path:
-    """A BERT-base-shaped classifier (110M parameters, random init, MiniLM's 30,522-token vocabulary) on disk."""
-    target = work / "bert-base-random"
-    if (target / "config.json").exists():
-        return target
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    from corecpu.training.modeling import default_model_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, num_labels=2))
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    return target
 
 
 def rate_cache(work: Path, label: str) -> Path:
@@ -426,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="corecpu-cluster-"))
     work.mkdir(parents=True, exist_ok=True)
     model = {"minilm": "default", "tiny": "tiny"}.get(args.model) or (
-        str(bert_base(work)) if args.model == "bert-base" else args.model)
+        str(bert_base_random(work)) if args.model == "bert-base" else args.model)
     print(f"cluster benchmark: {args.model}, hosts {args.host_counts}, links {args.rates} Gb/s, variants "
           f"{args.variant_list}; outputs in {work}", flush=True)
     args.files = write_data(args.data, args.eval_rows, work)

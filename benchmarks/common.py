@@ -69,3 +69,22 @@ def write_records(path: Path, variant: str, steps: list[dict[str, Any]], evals: 
                   **extra: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"variant": variant, **extra, "steps": steps, "evals": evals}))
+
+
+def bert_base_random(work: Path) -> Path:
+    """A BERT-base-shaped classifier (110M parameters, random init, MiniLM's 30,522-token vocabulary) on disk:
+    `--model bert-base`, for machines that can fetch no weights (issue 29's air-gapped node)."""
+    target = work / "bert-base-random"
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from corecpu.training.modeling import default_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, num_labels=2))
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target

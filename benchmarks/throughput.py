@@ -51,6 +51,7 @@ from rich.table import Table
 
 import harness
 import stats
+from common import bert_base_random
 from background import background_load
 from harness import BenchConfig
 
@@ -62,7 +63,8 @@ if not console.is_terminal:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default="minilm", help="minilm (all-MiniLM-L6-v2), tiny, or a model directory")
+    p.add_argument("--model", default="minilm", help="minilm (all-MiniLM-L6-v2), bert-base (BERT-base's shape, "
+                   "random init, MiniLM's vocabulary: for machines that fetch no weights), tiny, or a model directory")
     p.add_argument("--data", default="paraphrase", help="a built-in data set (paraphrase, builtin) or a "
                    ".tsv/.csv/.jsonl file")
     p.add_argument("--eval-data", default=None, help="eval file for a --data file (default: a deterministic "
@@ -337,7 +339,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     data_cfg, data_info = prepare_data(args, work)
     tree = export_reference(args.reference, work) if args.reference else None
-    cfg = BenchConfig(model=args.model, **data_cfg, ranks=args.ranks, batch_size=args.batch_size,
+    model = str(bert_base_random(work)) if args.model == "bert-base" else args.model
+    cfg = BenchConfig(model=model, **data_cfg, ranks=args.ranks, batch_size=args.batch_size,
                       max_seq_len=args.max_seq_len, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
                       precision=args.precision, corecpu_extra=args.corecpu_extra,
                       one_rank_cpus=one_rank_share(args.ranks) if harness.ONE_RANK in args.order else "",

@@ -276,8 +276,14 @@ class KubeflowTrainJob(Launcher):
 
 def slurm_master_addr(env: Mapping[str, str]) -> str | None:
     """First host of the step's (else the job's) node list: where srun and mpirun put rank 0."""
-    import hostlist  # python-hostlist: Slurm's own bracket syntax, node[01-04,07]
-
+    names = [var for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST") if env.get(var, "").strip()]
+    if not names:
+        return None
+    try:
+        import hostlist  # python-hostlist: Slurm's own bracket syntax, node[01-04,07]
+    except ImportError:  # a declared dependency, but a preinstalled environment run from a checkout may lack it
+        raise CoreCPUError(f"{names[0]} needs python-hostlist to read, and it is not installed; pip install "
+                           "python-hostlist, or export MASTER_ADDR (rank 0's host)") from None
     for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         text = env.get(var, "").strip()
         if text:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import os
 
 import pytest
@@ -46,6 +48,16 @@ def test_step_nodelist_wins_over_job_nodelist():
     # srun -w node08 inside a 2-node job: rank 0 runs on the step's first node.
     env = {"SLURM_JOB_NODELIST": "node[07-08]", "SLURM_STEP_NODELIST": "node08"}
     assert slurm_master_addr(env) == "node08"
+
+
+def test_without_python_hostlist_only_a_node_list_to_read_needs_it(monkeypatch):
+    # A preinstalled environment run from a checkout (the air-gapped node of issue 29) may lack it.
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # import hostlist now raises ImportError
+    assert slurm_master_addr({}) is None
+    with pytest.raises(CoreCPUError) as err:
+        slurm_master_addr({"SLURM_JOB_NODELIST": "node[07-08]"})
+    assert str(err.value) == ("SLURM_JOB_NODELIST needs python-hostlist to read, and it is not installed; pip install "
+                              "python-hostlist, or export MASTER_ADDR (rank 0's host)")
 
 
 def test_bad_nodelist_is_a_one_line_error():
