@@ -5,6 +5,8 @@ Nothing here starts a process or reads a file, so the command lines can be check
 
 from __future__ import annotations
 
+import os
+
 import random
 import shlex
 import sys
@@ -144,12 +146,14 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
         train = ["--model", cfg.model_spec, *_data_args(cfg), *length, *_non_default(cfg),
                  *(["--precision", precision] if precision else []),
                  "--output-dir", str(run_dir / output_name(variant)), "--log-every", "1", "--progress", "off", *extra]
+        # launch.sh's last line (`exec python -m corecpu.launch --default-script train.py N ...`) with this Python:
+        # the same launch without launch.sh's install check, so it also runs where the environment came
+        # preinstalled and nothing can be fetched (issue 29's air-gapped node).
+        tree = Path(cfg.reference_tree) if variant.startswith("corecpu@") else ROOT  # an earlier commit: its own
+        launch = [python, "-m", "corecpu.launch", "--default-script", str(tree / "train.py")]
         if variant == ONE_RANK:  # the user's own narrowing, which corecpu's launcher passes on to the rank
-            return ["taskset", "-c", cfg.one_rank_cpus, str(ROOT / "launch.sh"), "1", *train]
-        if variant.startswith("corecpu@"):  # what that commit's launch.sh runs, with this environment
-            return [python, "-m", "corecpu.launch", "--default-script", str(Path(cfg.reference_tree) / "train.py"),
-                    str(cfg.ranks), *train]
-        return [str(ROOT / "launch.sh"), str(cfg.ranks), *train]
+            return ["taskset", "-c", cfg.one_rank_cpus, *launch, "1", *train]
+        return [*launch, str(cfg.ranks), *train]
     if precision is None:
         raise ValueError(f"{variant} needs a resolved precision (fp32 or bf16)")
     out = run_dir / f"{variant}.json"
@@ -194,6 +198,8 @@ def variant_env(variant: str, env: dict[str, str], torchrun_threads: int,
 
         clean["PYTHONPATH"] = cfg.reference_tree  # its corecpu package, ahead of the installed one
         clean[envvars.CACHE_DIR] = cfg.reference_cache
+    elif variant.startswith("corecpu"):  # this checkout's corecpu, installed or not
+        clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return clean
 
 

@@ -156,7 +156,7 @@ def test_commands_hold_batch_precision_and_data_equal(tmp_path: Path) -> None:
                               corecpu_extra={"gloo": "--allreduce gloo"})
     core = harness.command("corecpu", cfg, None, tmp_path)
     assert "--precision" not in core and "--batch-size" not in core  # corecpu's own defaults
-    assert core[1] == "2" and core[core.index("--data") + 1] == "paraphrase" and core[-2:] != ["--allreduce", "gloo"]
+    assert core[5] == "2" and core[core.index("--data") + 1] == "paraphrase" and core[-2:] != ["--allreduce", "gloo"]
     assert harness.command("corecpu:gloo", cfg, None, tmp_path)[-2:] == ["--allreduce", "gloo"]
     ddp = harness.command("trainer_ddp", cfg, "bf16", tmp_path)
     one = harness.command("trainer_1proc", cfg, "bf16", tmp_path)
@@ -188,11 +188,12 @@ def test_torchrun_ranks_get_a_thread_share_and_nothing_else_inherits_thread_sett
     env = {"PATH": "/bin", "OMP_NUM_THREADS": "7", "KMP_AFFINITY": "compact"}
     assert harness.variant_env("trainer_ddp", env, 28) == {"PATH": "/bin", "OMP_NUM_THREADS": "28"}
     assert harness.variant_env("trainer_tuned", env, 28) == {"PATH": "/bin", "OMP_NUM_THREADS": "28"}
-    assert harness.variant_env("corecpu", env, 28) == {"PATH": "/bin"}
+    assert harness.variant_env("corecpu", env, 28) == {"PATH": "/bin", "PYTHONPATH": str(harness.ROOT)}
     assert harness.variant_env("trainer_1proc", env, 28) == {"PATH": "/bin"}
     assert env["OMP_NUM_THREADS"] == "7"  # the caller's mapping is left alone
     cfg = harness.BenchConfig(corecpu_extra={"wait": "I_MPI_WAIT_MODE=1 X=a=b --allreduce mpi"})
-    assert harness.variant_env("corecpu:wait", env, 28, cfg) == {"PATH": "/bin", "I_MPI_WAIT_MODE": "1", "X": "a=b"}
+    assert harness.variant_env("corecpu:wait", env, 28, cfg) == {"PATH": "/bin", "I_MPI_WAIT_MODE": "1", "X": "a=b",
+                                                                 "PYTHONPATH": str(harness.ROOT)}
     assert harness.command("corecpu:wait", cfg, None, Path("/tmp"))[-2:] == ["--allreduce", "mpi"]
 
 
@@ -277,8 +278,13 @@ def test_one_rank_reference_and_earlier_commit_variants() -> None:
     assert harness.one_rank_cpus([(0,), (1,)], 2) == "0" and harness.one_rank_cpus([(0,)], 2) == "0"
     cfg = harness.BenchConfig(ranks=2, one_rank_cpus="0", reference="c134c55", reference_tree="/ref",
                               reference_cache="/cache")
-    one = harness.command(harness.ONE_RANK, cfg, "bf16", Path("/runs"))
-    assert one[:4] == ["taskset", "-c", "0", str(harness.ROOT / "launch.sh")] and one[4] == "1"
+    one = harness.command(harness.ONE_RANK, cfg, "bf16", Path("/runs"), python="/env/bin/python")
+    assert one[:8] == ["taskset", "-c", "0", "/env/bin/python", "-m", "corecpu.launch", "--default-script",
+                       str(harness.ROOT / "train.py")] and one[8] == "1"
+    mine = harness.command("corecpu", cfg, None, Path("/runs"), python="/env/bin/python")
+    assert mine[:6] == ["/env/bin/python", "-m", "corecpu.launch", "--default-script", str(harness.ROOT / "train.py"),
+                        "2"]  # launch.sh's own last line, so a preinstalled environment runs it as it is
+    assert harness.variant_env("corecpu", {"PYTHONPATH": "/x"}, 1, cfg)["PYTHONPATH"] == f"{harness.ROOT}:/x"
     assert one[one.index("--precision") + 1] == "bf16"  # corecpu's resolved precision, not its own measurement
     assert one[one.index("--output-dir") + 1] == "/runs/corecpu_1rank"
     ref = harness.command("corecpu@c134c55", cfg, None, Path("/runs"), python="/env/bin/python")
