@@ -105,3 +105,36 @@ def test_mpi4py_on_another_mpi_than_the_launcher_s_is_named_in_one_line(tmp_path
     errors = [line for line in out.splitlines() if line.startswith("corecpu: error: MPI says rank")]
     assert errors and "mpi4py loaded Intel(R) MPI Library" in errors[0] and "openmpi launcher" in errors[0], out[-3000:]
     assert "Traceback" not in out
+
+
+def test_two_hosts_through_open_mpi(tmp_path):
+    """-f HOSTFILE under Open MPI: its --host/--map-by syntax, one rank per network-namespace host (orted started
+    through the hosts' bootstrap script, as ssh would), the gradients over Open MPI across them, equal weights."""
+    from helpers.netns import two_hosts
+
+    out = tmp_path / "run"
+    with two_hosts() as h:
+        # ssh runs the command line it is given in a shell on the host, and Open MPI's rsh launcher counts on that
+        # (`PATH=...; export PATH; orted ...`): the hosts' bootstrap script runs its words as they are, so a shell.
+        agent = tmp_path / "ssh.sh"
+        agent.write_text("#!/bin/sh\n"
+                         "while [ $# -gt 0 ]; do case \"$1\" in -[bcDEeFIiJLlmOoPpQRSWw]) shift 2;; -*) shift;; "
+                         "*) break;; esac; done\n"
+                         f"host=$1; shift\nexec {h.bootstrap_exec} \"$host\" /bin/sh -c \"$*\"\n")
+        agent.chmod(0o755)
+        env = {"PATH": open_mpi_env()["PATH"], "OMPI_MCA_plm_rsh_agent": str(agent),
+               # Open MPI's own links between the hosts: the veth, not loopback or a namespace's other interfaces
+               "OMPI_MCA_oob_tcp_if_include": h.iface, "OMPI_MCA_btl_tcp_if_include": h.iface,
+               "MASTER_ADDR": None, "MASTER_PORT": None}
+        cmd = [sys.executable, "-m", "corecpu.launch", "-n", "2", "-f", str(h.hostfile), str(ROOT / "train.py"),
+               *TINY, "--max-steps", "6", "--eval-data", "none", "--allreduce", "mpi", "--output-dir", str(out)]
+        r = h.run_in(h.namespaces[0], cmd, env=env, timeout=240, cwd=ROOT)
+    log = f"rc={r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, log
+    assert "2 rank(s) via openmpi" in r.stdout and "gradient all-reduce mpi (requested" in r.stdout, log
+    summary = json.loads((out / "summary.json").read_text())
+    ranks = summary["ranks"]
+    assert summary["steps"] == 6 and [v["rank"] for v in ranks] == [0, 1]
+    assert ranks[0]["param_checksum"] == ranks[1]["param_checksum"]
+    topo = json.loads((out / "topology.json").read_text())["ranks"]
+    assert len({t["host"] for t in topo}) == 2, topo  # one rank on each host
