@@ -7,8 +7,8 @@ Paths (`choose_allreduce` picks one; `make_gradient_allreduce` builds its object
 - shm: DeepSpeed's shared-memory op inside a host, hierarchical across hosts (corecpu.distributed.shm_allreduce).
 
 When MPI started the ranks, its intra-node Allreduce (mpi4py on impi-rt's libmpi, or on Open MPI's when
-its mpirun started them: corecpu.launching.mpirun) is several times faster than gloo's for small buckets. Two things make it pay off
-inside DDP:
+its mpirun started them: corecpu.launching.mpirun) is several times faster than gloo's for small buckets.
+Two things make it pay off inside DDP:
 
 - MPI runs on ONE dedicated comm thread (corecpu.distributed.comm_thread), never inside the hook.
   mpi4py releases the GIL during the call.

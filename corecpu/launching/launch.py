@@ -240,7 +240,8 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
     # torchrun's agent already ends the job when a worker fails, and names it (corecpu.launching.torchrun).
     # Open MPI prints its own report of a rank's exit 75 after the stop line: the watch says that line again, last.
-    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir, end_on_failure=launcher in ("mpirun", mpirun.OPEN_MPI),
+    watch = job_watch.JobWatch(job_dir, child.pid, _say, output_dir,
+                               end_on_failure=launcher in ("mpirun", mpirun.OPEN_MPI),
                                restate_stop=launcher == mpirun.OPEN_MPI).start()
 
     def forward(signum: int, _frame: object) -> None:
@@ -388,7 +389,9 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
             raise CoreCPUError(too_small)
         train = Path(req.script).name == "train.py"
         output_dir = (_script_option(req.script_args, "--output-dir") or TRAIN_OUTPUT_DIR) if train else None
-        launcher = (mpirun.OPEN_MPI if plan.mpi_family == mpirun.OPEN_MPI else "mpirun") if plan.mpi_family else "torchrun"
+        # "mpirun" is hydra's (Intel MPI, MPICH); Open MPI's is handled apart (run_forwarding_signals)
+        launcher = "torchrun" if plan.mpi_family is None else (
+            mpirun.OPEN_MPI if plan.mpi_family == mpirun.OPEN_MPI else "mpirun")
         code = run_forwarding_signals(plan.command, env, launcher, output_dir)
         if code != 0 and req.log_dir:
             print("\n".join([f"corecpu launch: the job failed (exit {code}); rank logs in {req.log_dir}",

@@ -38,7 +38,7 @@ FORWARD_PREFIXES = ("CORECPU_", "OMP_", "KMP_", "MALLOC_", "MPI4PY_", "CCL_", "H
 class MpiKind:
     family: str  # HYDRA or OPEN_MPI
     label: str  # what runs, in people's words: "Intel MPI 2021.18.1", "Open MPI 4.1.4", "MPICH 4.0"
-    libmpi: str | None = None  # Open MPI's libmpi, for mpi4py; None where not needed or not found
+    libmpi: str | None = None  # Open MPI's libmpi, for mpi4py; None for hydra's MPIs
 
 
 def parse_version(text: str) -> tuple[str, str]:
@@ -65,13 +65,14 @@ def detect(mpirun: str, run: Callable[[Sequence[str]], str] | None = None) -> Mp
                                                         "--parsable"])))
 
 
-def open_mpi_libmpi(ompi_info: str, exists: Callable[[str], bool] = os.path.isfile) -> str | None:
+def open_mpi_libmpi(ompi_info: str, exists: Callable[[str], bool] = os.path.isfile) -> str:
     """Open MPI's libmpi from `ompi_info --path libdir --parsable` ("path:libdir:/usr/lib/.../openmpi/lib"). Debian
-    keeps only its plugins there (.../openmpi/lib) and the library two levels up; where neither has it, the bare soname, which the
-    dynamic linker finds on its own path. None when ompi_info said nothing."""
+    keeps only its plugins there and the library two levels up. Where neither has it, or ompi_info is missing or
+    said nothing: the bare soname, which the dynamic linker finds on its own path (LD_LIBRARY_PATH, as
+    `module load openmpi` sets it)."""
     m = re.search(r"path:libdir:(\S+)", ompi_info)
     if not m:
-        return None
+        return OPEN_MPI_SONAME
     libdir = m.group(1).rstrip("/")
     for folder in (libdir, os.path.dirname(libdir), os.path.dirname(os.path.dirname(libdir))):
         if exists(path := os.path.join(folder, OPEN_MPI_SONAME)):

@@ -31,7 +31,7 @@ def test_open_mpi_s_library_is_found_where_ompi_info_says_or_above_it():
     assert mpirun.open_mpi_libmpi(info, exists={"/usr/lib/x86_64-linux-gnu/libmpi.so.40"}.__contains__) \
         == "/usr/lib/x86_64-linux-gnu/libmpi.so.40"  # Debian: plugins in libdir, the library two up
     assert mpirun.open_mpi_libmpi(info, exists=lambda p: False) == "libmpi.so.40"  # the dynamic linker's search
-    assert mpirun.open_mpi_libmpi("") is None
+    assert mpirun.open_mpi_libmpi("") == "libmpi.so.40"  # no ompi_info beside mpirun: the linker's search too
 
 
 def test_detect_asks_ompi_info_only_for_open_mpi():
