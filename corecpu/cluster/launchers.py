@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import ClassVar, Mapping
 
+from corecpu import envvars
 from corecpu.errors import CoreCPUError
 
 
@@ -31,6 +32,12 @@ class LaunchInfo:
     local_world_size: int
     master_addr: str | None = None  # rank 0's host, when the launcher's variables say (MASTER_ADDR wins)
     master_port: int | None = None  # a port every rank derives alike (MASTER_PORT wins)
+    mpi: str = ""  # which MPI started the ranks, as `corecpu launch` found it ("Open MPI 4.1.4"); "" where unknown
+
+    @property
+    def label(self) -> str:
+        """The launcher for people: "openmpi (Open MPI 4.1.4)"; hydra's name alone says Intel MPI or MPICH."""
+        return f"{self.launcher} ({self.mpi})" if self.mpi else self.launcher
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -337,6 +344,8 @@ def detect_launcher(env: Mapping[str, str]) -> LaunchInfo:
     for launcher in LAUNCHERS:
         if launcher.detect(env):
             info = launcher.read(env)
+            if launcher.mpi_world and env.get(envvars.MPI):
+                info = replace(info, mpi=env[envvars.MPI])  # what corecpu launch found its mpirun to be
             # mpirun inside a Slurm allocation places rank 0 on the allocation's first node too.
             return with_slurm_hints(info, env) if launcher is IntelMPI else info
     return Single.read(env)

@@ -159,7 +159,7 @@ def plan_launch(req: LaunchRequest, environ: Mapping[str, str], python: str, usa
             env[name] = value  # corecpu.bind routes each rank's streams (rank_logs.stream_targets)
     if launcher == "mpirun":
         kind = mpi_kind(which("mpirun") or "mpirun")
-        family = kind.family
+        family, env[envvars.MPI] = kind.family, kind.label  # the ranks' banner names the MPI that really runs
         env.update(mpirun.mpi4py_library(kind, environ, both_abis()))
         forward = mpirun.forwarded_names(environ, env) if kind.family == mpirun.OPEN_MPI and req.hostfile else []
         cmd, mpi_env, notes = mpirun.command(kind, nranks, local, req.hostfile, hosts, oversubscribe=req.oversubscribe,

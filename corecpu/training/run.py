@@ -157,7 +157,7 @@ class Run:
         """Every resolved choice and why, for the start-up lines, config.json and checkpoints."""
         p = self.precision
         return {
-            "launcher": f"{self.launch.launcher}: rank {self.rank} of {self.world_size}, "
+            "launcher": f"{self.launch.label}: rank {self.rank} of {self.world_size}, "
                         f"local rank {self.local_rank} of {self.launch.local_world_size}",
             "backend": f"{self.backend} ({self.backend_reason})",
             "allreduce": f"{self.allreduce} ({self.allreduce_reason})",
@@ -182,7 +182,7 @@ class Run:
         p = self.precision
         ipex = ("off" if self.ipex is None else f"ipex.optimize applied ({p.name if p else '?'}); {self.ipex.reason}"
                 if self.ipex.usable else self.ipex.reason)
-        return [f"corecpu {self.world_size} rank(s) via {self.launch.launcher}; backend {self.backend} "
+        return [f"corecpu {self.world_size} rank(s) via {self.launch.label}; backend {self.backend} "
                 f"({self.backend_reason}); gradient all-reduce {self.allreduce} ({self.allreduce_reason})",
                 f"precision {self.describe()['precision']}; {self.threads} thread(s) per rank ({self.threads_reason}); "
                 f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}; attention {self.attention}; "
@@ -443,7 +443,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     opts = dataclasses.replace(options or RunOptions(), **overrides).validate()
     info = detect_launcher(env)
     if info.rank == 0:  # at once: what follows (process group, all-reduce timing) can take a while
-        print(f"corecpu {info.world_size} rank(s) via {info.launcher}: setting up", flush=True)
+        print(f"corecpu {info.world_size} rank(s) via {info.label}: setting up", flush=True)
     cpus, warning = _threads.launcher_cpus(env)
     if warning:
         print(f"corecpu: warning: {warning}", file=sys.stderr, flush=True)

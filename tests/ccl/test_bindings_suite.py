@@ -66,19 +66,33 @@ def crashed_tests(stderr: str) -> list[str] | None:
     return [f"{cls}.{test}" for test, cls in failed]
 
 
+RETRIES = 3  # runs more of a test a signal killed a rank of
+
+
+def rerun_crashed(tests: Path, crashed: list[str]) -> None:
+    """Run the tests a signal killed a rank of again, on their own, until they pass, RETRIES runs at most; a failure
+    that is not a signal's fails at once. oneCCL aborts now and then inside a rank (SIGABRT in a worker thread): in
+    test_reduce_basics in 2 of 5 CI runs (once twice in a row), never in 40 runs of it here alone, under load or
+    beside a second oneCCL job."""
+    for attempt in range(1, RETRIES + 1):
+        again = _suite(tests, "-v", *crashed, timeout=300)
+        if again.returncode == 0 and re.search(r"^OK", again.stderr, re.M):
+            print(f"{crashed}: passed on run {attempt + 1}, after a signal killed a rank")
+            return
+        still = crashed_tests(again.stderr)
+        assert still is not None, f"{crashed} failed on a rerun, not by a signal:\n{again.stderr[-3000:]}"
+        crashed = still
+    raise AssertionError(f"{crashed}: a signal killed a rank in {RETRIES + 1} runs in a row:\n{again.stderr[-3000:]}")
+
+
 def test_the_bindings_cpu_suite_passes(upstream_tests):
     names = cpu_tests(upstream_tests / "test_c10d_ccl.py")
     assert len(names) >= 15 and "ProcessGroupCCLTest.test_allreduce_coalesced_basics" in names, names
     proc = _suite(upstream_tests, "-v", *names, timeout=600)
     tail = proc.stderr[-3000:]
-    # A test whose child rank was killed by a signal runs once more on its own (seen once in a CI run: oneCCL aborted
-    # in test_reduce_basics, which passed in every other run); it must pass then, and any other failure counts.
-    retried = crashed_tests(proc.stderr) if proc.returncode != 0 else None
-    if retried is not None:
-        again = _suite(upstream_tests, "-v", *retried, timeout=300)
-        assert again.returncode == 0 and re.search(r"^OK", again.stderr, re.M), (
-            f"{retried} crashed twice:\n{again.stderr[-3000:]}")
-        print(f"retried after a signal killed a rank: {retried}")
+    crashed = crashed_tests(proc.stderr) if proc.returncode != 0 else None
+    if crashed is not None:
+        rerun_crashed(upstream_tests, crashed)
     else:
         assert proc.returncode == 0, tail
         assert re.search(rf"^Ran {len(names)} tests", proc.stderr, re.M), tail

@@ -90,6 +90,7 @@ def test_plan_launch_under_open_mpi_as_root():
     assert plan.mpi_family == mpirun.OPEN_MPI and plan.command[:5] == ["mpirun", "-n", "2", "--bind-to", "none"]
     assert "--allow-run-as-root" in plan.command and "I_MPI_PIN" not in plan.env
     assert plan.env["MPI4PY_LIBMPI"] == "/opt/ompi/lib/libmpi.so.40"
+    assert plan.env["CORECPU_MPI"] == "Open MPI 4.1.4"  # the ranks' banner names it
     assert plan.notes and plan.warnings == []
     user = plan_launch(req, {}, sys.executable, usable_cores=2, which=lambda n: "/opt/ompi/bin/" + n,
                        port=lambda: 1, mpi_kind=lambda path: OPEN_MPI, both_abis=lambda: True, euid=lambda: 1000)
@@ -127,3 +128,16 @@ def test_under_open_mpi_a_stop_that_saved_ends_with_its_line_and_75_whatever_mpi
     plain = job_watch.JobWatch(tmp_path / "job2", 0, said.append, output_dir=str(tmp_path)).start()
     assert plain.stop_signal(signal.SIGTERM) and plain.finish(job_watch.EXIT_STOPPED) == job_watch.EXIT_STOPPED
     assert len(said) == 1  # hydra's and torchrun's jobs end on the ranks' own line: nothing said twice
+
+
+def test_the_ranks_name_the_mpi_the_launcher_found_and_nothing_else_does():
+    from corecpu.cluster.launchers import detect_launcher
+
+    ompi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    assert detect_launcher({**ompi, "CORECPU_MPI": "Open MPI 4.1.4"}).label == "openmpi (Open MPI 4.1.4)"
+    assert detect_launcher(ompi).label == "openmpi"  # mpirun run by hand: the launcher's name alone
+    hydra = {"PMI_RANK": "1", "PMI_SIZE": "2", "CORECPU_MPI": "MPICH 4.0.2"}
+    assert detect_launcher(hydra).label == "intel-mpi (MPICH 4.0.2)"  # hydra's variables are MPICH's too
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "CORECPU_MPI": "x"}
+    assert detect_launcher(torchrun).label == "torchrun"  # not an MPI world: an inherited value means nothing
