@@ -291,15 +291,12 @@ def slurm_master_addr(env: Mapping[str, str]) -> str | None:
     except ImportError:  # a declared dependency, but a preinstalled environment run from a checkout may lack it
         raise CoreCPUError(f"{names[0]} needs python-hostlist to read, and it is not installed; pip install "
                            "python-hostlist, or export MASTER_ADDR (rank 0's host)") from None
-    for var in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
-        text = env.get(var, "").strip()
-        if text:
-            try:
-                hosts = hostlist.expand_hostlist(text)
-            except hostlist.BadHostlist as exc:
-                raise CoreCPUError(f"{var}={text!r} is not a Slurm node list ({exc}); export MASTER_ADDR instead") from None
-            return hosts[0] if hosts else None
-    return None
+    var, text = names[0], env[names[0]].strip()
+    try:
+        hosts = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as exc:
+        raise CoreCPUError(f"{var}={text!r} is not a Slurm node list ({exc}); export MASTER_ADDR instead") from None
+    return hosts[0] if hosts else None
 
 
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 10000, 20000  # 10000-29999: below Linux's ephemeral range
