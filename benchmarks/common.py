@@ -71,9 +71,10 @@ def write_records(path: Path, variant: str, steps: list[dict[str, Any]], evals: 
     path.write_text(json.dumps({"variant": variant, **extra, "steps": steps, "evals": evals}))
 
 
-def bert_base_random(work: Path) -> Path:
-    """A BERT-base-shaped classifier (110M parameters, random init, MiniLM's 30,522-token vocabulary) on disk:
-    `--model bert-base`, for machines that can fetch no weights (issue 29's air-gapped node)."""
+def bert_base_random(work: Path, vocab: Path | None = None) -> Path:
+    """A BERT-base-shaped classifier (110M parameters, random init, the tokenizer in `vocab`, default MiniLM's
+    30,522-token one) on disk: `--model bert-base`, for machines that can fetch no weights (issue 29's
+    air-gapped node)."""
     target = work / "bert-base-random"
     if (target / "config.json").exists():
         return target
@@ -82,7 +83,7 @@ def bert_base_random(work: Path) -> Path:
 
     from corecpu.training.modeling import default_model_dir
 
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(vocab or default_model_dir())
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(vocab_size=tokenizer.vocab_size, num_labels=2))
     model.save_pretrained(target)

