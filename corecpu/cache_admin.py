@@ -49,8 +49,9 @@ KINDS = (
     Kind("shm", "DeepSpeed's shared-memory all-reduce op (rebuilt in about a minute)", ("shm/*",)),
     Kind("ipex", "the IPEX test tier's environment and its torch wheel (tests/ipex_env.sh, ~5 GB download)",
          ("ipex-*", "wheels/*")),
-    Kind("measurements", "precision, matmul and all-reduce timings, CPU flags per boot (measured again)",
-         ("precision.json", "matmul.json", "allreduce.json", "cpuid-*.json")),
+    Kind("measurements", "precision, matmul and all-reduce timings, CPU flags per boot (measured again), "
+         "samples/s per rank count (recorded again by the next runs)",
+         ("precision.json", "matmul.json", "allreduce.json", "cpuid-*.json", "rank_history.json")),
 )
 OTHER = Kind("other", "not written by corecpu (pruned only with --kind other)", ())
 KIND_NAMES = tuple(k.name for k in KINDS) + (OTHER.name,)

@@ -226,6 +226,10 @@ def binding_report(env: Mapping[str, str]) -> dict:
     configure_threads wrote to."""
     import torch  # as in configure_threads: keep corecpu.cpu torch-free at import
 
+    # OpenMP starts its threads at the first parallel region, and with OMP_PROC_BIND the main thread alone is
+    # pinned to the first CPU until then: one rank with 2 threads on CPUs 0-1 reported "0". A region that
+    # splits (more elements than ATen's grain of 32768) starts them, so the union over threads is the rank's.
+    torch.ones(1 << 16).add_(1)
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),

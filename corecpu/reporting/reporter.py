@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from corecpu.reporting import rank_history
 from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
@@ -25,7 +26,7 @@ from corecpu.compute import flops
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.cpu.memory_use import memory_use, peak_rss_mb
-from corecpu import atomic, envvars
+from corecpu import atomic, envvars, notices
 from corecpu.errors import CoreCPUError
 from corecpu.training import label_logits
 from corecpu.training.checkpoint_disk import process_start
@@ -70,6 +71,8 @@ class Reporter:
         self._last_step = 0  # the last step logged (its loss was finite)
         self.last_loss: float | None = None
         self.last_eval: dict[str, float] | None = None
+        self._shape: rank_history.JobShape | None = None  # rank 0's: samples/s per rank count (start() sets it)
+        self._advised = False  # start() already said another rank count trained this job faster
 
     # ------------------------------------------------------------ lines for people
     def say(self, text: str) -> None:
@@ -86,6 +89,11 @@ class Reporter:
         if self.main:
             self._write("config.json", {**self.config, "resolved": self.run.resolved(), "decisions": self.run.describe()})
             self._write("topology.json", {"ranks": self.reports})
+            self._shape = self._job_shape()
+            line = rank_history.advice(rank_history.read(self._shape, self.env), self._shape)
+            if line:
+                notices.warn(line, env=self.env)
+                self._advised = True
         if self.progress:
             self._task = self.progress.add_task("train", total=self.total_steps, completed=step, status="")
             self.progress.start()
@@ -109,6 +117,15 @@ class Reporter:
             return None
         value = flops.mfu(flops_per_s, self.matmul["job_flops"])
         return round(value, 4) if value is not None else None
+
+    def _job_shape(self) -> rank_history.JobShape:
+        host = self.reports[self.run.rank].get("host") if self.reports else None
+        node_cpus = {c for r in self.reports if r.get("host") == host for c in r.get("cpus") or ()}
+        return rank_history.job_shape(self.config, self.run.resolved(), cpu_model=read_cpu_features().model_name,
+                                      node_cpus=len(node_cpus) or (os.cpu_count() or 0),
+                                      world_size=self.run.world_size,
+                                      local_world_size=self.run.launch.local_world_size,
+                                      torch_version=torch.__version__)
 
     def advance(self, step: int, status: str) -> None:
         if self.progress:
@@ -252,9 +269,19 @@ class Reporter:
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
             rate += f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
+            self._record_rate(steps)
         self.close()
         self.run.barrier()
         return final
+
+    def _record_rate(self, steps: int) -> None:
+        """This run's samples/s into the rank-count history, and a line when another rank count did better."""
+        if self._shape is None:
+            return
+        entry = rank_history.store(self._shape, self.samples_per_s, steps - self._start_step, self.env)
+        line = rank_history.advice(entry, self._shape, self.samples_per_s) if entry and not self._advised else None
+        if line:
+            notices.warn(line, env=self.env)
 
     def _write(self, name: str, obj: Any) -> None:
         # Strict JSON: a NaN or infinity becomes null rather than a bare NaN that JSON readers reject.

@@ -484,7 +484,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
         # explicit fp32/bf16 is known now (for bf16, wrap() may add a cached measurement's warning)
         requested = decide_precision(opts.precision, read_cpu_features()) if opts.precision != "auto" else None
         run = Run(launch=info, options=opts, backend=pg.backend, backend_reason=pg.backend_reason,
-                  threads=decision.threads, threads_reason=decision.reason, cpus=tuple(_threads.process_cpus()),
+                  threads=decision.threads, threads_reason=decision.reason,
+                  cpus=tuple(bindings[info.rank]["cpus"]),
                   allreduce=path, allreduce_reason=path_reason, ipex=_ipex.wanted(opts.ipex),
                   master=f"{pg.master_addr}:{pg.master_port}" if pg.master_addr else "", bindings=bindings,
                   requested_precision=requested, _node=node, _measured_path=measured, _life=life,
