@@ -27,7 +27,10 @@ usage: ./launch.sh [--with-ccl] N [launcher options] [SCRIPT.py] [args...]
        ./launch.sh --setup-only [EXTRAS]
   --with-ccl     first build and install the oneCCL bindings for --backend ccl (corecpu build-ccl; a cached
                  build installs in seconds); alone, it only does that
-  N              total number of ranks (processes); or, as torchrun, --nproc-per-node P instead
+  N              total number of ranks (processes); or, as torchrun, --nproc-per-node P instead;
+                 or auto: the ranks per node that train this job fastest here, measured once per job and
+                 machine (30-step trials), the global batch held (--global-batch-size G; default twice the
+                 task's per-rank batch)
   -f HOSTFILE    spread ranks over the hosts in HOSTFILE (one per line) with mpirun; rank 0's host first
   --ppn P        ranks per host, also --nproc-per-node (default: N divided evenly over the hosts)
   --nnodes M --node-rank R --master-addr HOST --master-port PORT   torchrun's, with torchrun's meanings
@@ -56,8 +59,8 @@ case "$1" in
   --setup-only) setup_only=1; extras="${2:-}"; set -- 1 ;;
 esac
 # N first, or launcher options only (--nproc-per-node 2, as torchrun): corecpu launch parses the rest.
-if [[ "$1" != -* || "$1" =~ ^-[0-9]+$ ]]; then
-  [[ "$1" =~ ^[0-9]+$ ]] || die "N must be a whole number of ranks, got '$1'; e.g. ./launch.sh 2"
+if [[ "$1" != auto ]] && [[ "$1" != -* || "$1" =~ ^-[0-9]+$ ]]; then
+  [[ "$1" =~ ^[0-9]+$ ]] || die "N must be a whole number of ranks or auto, got '$1'; e.g. ./launch.sh 2"
   (( 10#$1 >= 1 )) || die "N must be at least 1, got $1; e.g. ./launch.sh 2"
 fi
 dry_run=0

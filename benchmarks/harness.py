@@ -20,7 +20,12 @@ DEFAULT_VARIANTS = ("corecpu", "trainer_tuned", "trainer_ddp", "trainer_1proc")
 # corecpu_1rank: one rank alone on one rank's share of the cores, same per-rank batch: the compute-only step
 # that distribution overhead is measured against. corecpu@COMMIT (--reference): an earlier corecpu, same flags.
 ONE_RANK = "corecpu_1rank"
-KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "trainer_ddp_grouped", "plain_ddp", ONE_RANK)
+# corecpu_auto: `launch.sh auto --global-batch-size ranks x batch`: corecpu picks the ranks per node by measuring.
+AUTO = "corecpu_auto"
+# trainer_1proc_tuned: one process, every core as threads, the whole global batch, length-grouped, bf16: the
+# tuned Trainer where one process beats torchrun's ranks (a careful user tries both).
+ONE_PROC_TUNED = "trainer_1proc_tuned"
+KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "trainer_ddp_grouped", "plain_ddp", ONE_RANK, AUTO, ONE_PROC_TUNED)
 # What a user who tunes the Trainer runs: torchrun, group_by_length, bf16=True, whatever the CPU. Its
 # precision is the user's flag, not corecpu's measurement, so it is bf16 even where bf16 measured slower.
 TUNED, TUNED_PRECISION = "trainer_tuned", "bf16"
@@ -153,6 +158,10 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
         launch = [python, "-m", "corecpu.launch", "--default-script", str(tree / "train.py")]
         if variant == ONE_RANK:  # the user's own narrowing, which corecpu's launcher passes on to the rank
             return ["taskset", "-c", cfg.one_rank_cpus, *launch, "1", *train]
+        if variant == AUTO:  # the per-rank batch follows the rank count auto picks; the global batch is held
+            at = train.index("--batch-size") if "--batch-size" in train else None
+            held = train[:at] + train[at + 2:] if at is not None else train
+            return [*launch, "auto", "--global-batch-size", str(cfg.batch_size * cfg.ranks), *held]
         return [*launch, str(cfg.ranks), *train]
     if precision is None:
         raise ValueError(f"{variant} needs a resolved precision (fp32 or bf16)")
@@ -165,9 +174,11 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     if variant in ("trainer_ddp", "trainer_ddp_grouped", TUNED):
         grouped = "--no-group-by-length" if variant == "trainer_ddp" else "--group-by-length"
         return [*torchrun, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size), grouped]
-    if variant == "trainer_1proc":
+    if variant in ("trainer_1proc", ONE_PROC_TUNED):
+        if variant == ONE_PROC_TUNED:
+            base[base.index("--precision") + 1] = TUNED_PRECISION
         return [python, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size * cfg.ranks),
-                "--no-group-by-length"]
+                "--group-by-length" if variant == ONE_PROC_TUNED else "--no-group-by-length"]
     if variant == "plain_ddp":
         return [*torchrun, str(BENCH / "plain_ddp.py"), *base, "--batch-size", str(cfg.batch_size)]
     raise ValueError(f"unknown variant {variant!r}")

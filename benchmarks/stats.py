@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 # The anchor of every ratio: the tuned Trainer where it ran, else the Trainer as users run it by default.
 BASELINES = ("trainer_tuned", "trainer_ddp")
+TUNED_BASELINES = ("trainer_tuned", "trainer_1proc_tuned")
 SUMMARY_KEYS = ("samples_per_s", "ms_per_step", "wall_s", "eval_accuracy", "eval_f1", "final_loss")
 
 
@@ -72,8 +73,10 @@ def summarize(raw: Sequence[dict[str, Any]], variants: Sequence[str], baseline: 
         m["loss_ok_all"] = all(r["loss_ok"] for r in runs)
         medians[v] = m
     ratios: dict[str, dict[str, float]] = {}
-    if baseline is None:
-        baseline = next((b for b in BASELINES if b in medians), BASELINES[0])
+    if baseline is None:  # the faster tuned Trainer (torchrun's ranks or one process) where both ran
+        tuned = [b for b in TUNED_BASELINES if b in medians]
+        baseline = (max(tuned, key=lambda b: medians[b]["samples_per_s"]) if tuned
+                    else next((b for b in BASELINES if b in medians), BASELINES[0]))
     base = medians.get(baseline)
     if base:
         for v, m in medians.items():

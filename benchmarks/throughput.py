@@ -21,6 +21,9 @@ seed, precision, epochs):
   corecpu_1rank        (on request) one corecpu rank alone on one rank's share of the cores (taskset), same
                        per-rank batch, corecpu's precision: the compute-only reference for distribution overhead
   corecpu@COMMIT       (--reference COMMIT) that commit's corecpu with its defaults, for tokens/s against it
+  corecpu_auto         (on request) ./launch.sh auto --global-batch-size N x B: corecpu picks the ranks per
+                       node by measuring (its first run pays the trials; later ones read them back)
+  trainer_1proc_tuned  (on request) trainer_1proc length-grouped in bf16: the tuned Trainer as one process
 Each run trains, evaluates after every epoch and after its last step, and records rank 0's
 wall clock at the end of every optimizer step. Throughput = counted global samples of steps
 W+1..S / their time, without intervals holding an evaluation. Variants run interleaved
@@ -261,6 +264,7 @@ def run_once(variant: str, cmd: list[str], run_dir: Path, args: argparse.Namespa
             raise RuntimeError(f"{out}/config.json does not record the resolved precision ('resolved': "
                                "{'precision': ...}); this benchmark needs it to run the others at corecpu's precision")
         extra["precision"] = resolved["precision"]
+        extra["ranks"] = json.loads((out / "config.json").read_text()).get("decisions", {}).get("ranks")
         extra["binding"] = resolved.get("binding")
         summary = json.loads((out / "summary.json").read_text())
         extra["phases"] = summary.get("phases")  # start-up, steps, eval, save
@@ -372,7 +376,7 @@ def main() -> None:
     with background_load(args.background_load):
         precision, resolved_by = run_rounds(args, cfg, work, env, torchrun_threads, precision, resolved_by, raw)
     mismatched = sorted({r["variant"] for r in raw if r.get("precision") not in (None, precision)
-                         and r["variant"] != harness.TUNED})
+                         and r["variant"] not in (harness.TUNED, harness.ONE_PROC_TUNED)})
     config = {"model": args.model, "data": data_info["data_label"], "data_info": data_info,
               "ranks": args.ranks, "batch_size": args.batch_size, "global_batch": args.batch_size * args.ranks,
               "max_seq_len": args.max_seq_len, "epochs": args.epochs, "max_steps": args.max_steps,

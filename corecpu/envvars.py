@@ -40,6 +40,7 @@ LOG_TEE = "CORECPU_LOG_TEE"  # --tee SPEC (torchrun's): streams to the file and 
 LOG_RANKS_FILTER = "CORECPU_LOG_RANKS_FILTER"  # --local-ranks-filter: only these local ranks on the console
 JOB_DIR = "CORECPU_JOB_DIR"  # a directory per job where ranks on the launcher's host leave records (cluster.job_records)
 MPI = "CORECPU_MPI"  # the MPI whose mpirun started the ranks, in people's words ("Open MPI 4.1.4", "MPICH 4.0.2")
+RANKS_DECISION = "CORECPU_RANKS_DECISION"  # `auto`: the ranks per node chosen, and the samples/s it was chosen by
 
 # Set by the user, read by the plan (corecpu.bind, setup()): the malloc ranks preload, auto|tcmalloc|jemalloc|system.
 ALLOCATOR = "CORECPU_ALLOCATOR"
@@ -58,7 +59,7 @@ TEST_WORKERS = "CORECPU_TEST_WORKERS"
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
-ALL = (MPI, BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, LOG_REDIRECTS, LOG_TEE,
+ALL = (MPI, RANKS_DECISION, BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, LOG_REDIRECTS, LOG_TEE,
        LOG_RANKS_FILTER, JOB_DIR, ALLOCATOR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
        CCL_STRESS_STEPS, TEST_WORKERS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 

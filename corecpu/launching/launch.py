@@ -214,6 +214,39 @@ def _script_option(args: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def settle_batch(req: LaunchRequest, cores: int, node_cpus: int, env: Mapping[str, str]) -> str | None:
+    """`auto` and `--global-batch-size`: set req's rank count and train.py's per-rank --batch-size. Returns the
+    auto decision's line ("" without auto), or None when a dry run of auto has said what it would measure."""
+    if not (req.auto or req.global_batch):
+        return ""
+    from corecpu.launching import auto_ranks
+    from corecpu.tasks.registry import parse_config
+
+    config = parse_config(list(req.script_args))
+    default = type(config.task_options).default_batch_size if config.task_options else config.batch_size
+    if not req.auto:
+        if req.nranks is None:
+            raise CoreCPUError("--global-batch-size needs the number of ranks in all: -n N (or ./launch.sh N)")
+        g = auto_ranks.global_batch(config.to_dict(), default, req.global_batch, auto=False)
+        per, rest = divmod(g, req.nranks * config.grad_accum)
+        if rest or not per:
+            raise CoreCPUError(f"--global-batch-size {g} does not split over {req.nranks} ranks x --grad-accum "
+                               f"{config.grad_accum}; give a multiple of {req.nranks * config.grad_accum}")
+        req.script_args = [*req.script_args, "--batch-size", str(per)]
+        return ""
+    auto_ranks.refuse(req.script_args, req.hostfile, req.nnodes)
+    trial = (auto_ranks.dry_trial if req.dry_run else
+             auto_ranks.subprocess_trial(req.script, req.module, req.launcher, env))
+    choice = auto_ranks.choose(req.script_args, req.global_batch, cores, node_cpus,
+                               env.get(envvars.BINDING, "core"), env, trial, print if req.dry_run else _say)
+    if choice is None:
+        return None
+    req.nranks = choice.ranks
+    req.script_args = [*req.script_args, "--batch-size", str(choice.batch_size)]
+    _say(f"corecpu launch: {choice.line()}")
+    return choice.line()
+
+
 def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: str,
                            output_dir: str | None = None) -> int:
     """Run the launcher as a child and stay the process a scheduler or a person signals.
@@ -349,22 +382,29 @@ def main(argv: Sequence[str] | None = None, default_script: str | None = None) -
         restricted = None if req.hostfile or (req.nnodes or 1) > 1 else user_cpu_restriction(
             os.sched_getaffinity(0), cpuset.allowed)  # other hosts' CPUs are not this process's to narrow
         topology = read_topology(allowed_cpus=restricted, env=os.environ) if restricted else cpuset
-        plan = plan_launch(req, os.environ, sys.executable, usable_cores(topology), allowed_cpus=restricted)
-        if req.hostfile and not req.dry_run and (problem := unresolved_host(req.hostfile, read_hostfile(req.hostfile))):
-            raise CoreCPUError(problem)
-        for w in plan.warnings:
-            print(f"corecpu launch: warning: {w}", file=sys.stderr, flush=True)
-        for note in plan.notes:
-            print(f"corecpu launch: {note}", file=sys.stderr, flush=True)
+        binding: dict[str, str] = {}
         if not req.hostfile and envvars.BINDING not in os.environ:
             # Measured here, before any rank exists (their start-up would look like load). One host only: each
             # host of a multi-host job decides in corecpu.bind from its own signs.
             train = Path(req.script).name == "train.py" and not req.module
             asked = (_script_option(req.script_args, "--binding") if train else None) or "auto"
             evidence = gather_evidence(os.environ, topology.allowed, len(topology.online), measure=not req.dry_run)
-            plan.env[envvars.BINDING], plan.env[envvars.BINDING_REASON] = decide_binding(asked, evidence)
+            binding[envvars.BINDING], binding[envvars.BINDING_REASON] = decide_binding(asked, evidence)
             if evidence.measured:  # the ranks time their all-reduce paths per load state (distributed.gradient_path)
-                plan.env[envvars.CPUS_BUSY] = format_cpu_list(evidence.busy_cpus)
+                binding[envvars.CPUS_BUSY] = format_cpu_list(evidence.busy_cpus)
+        decided = settle_batch(req, usable_cores(topology), len(cpuset.allowed), {**os.environ, **binding})
+        if decided is None:
+            return 0  # --dry-run with auto: it said what it would measure
+        plan = plan_launch(req, os.environ, sys.executable, usable_cores(topology), allowed_cpus=restricted)
+        plan.env.update(binding)
+        if decided:
+            plan.env[envvars.RANKS_DECISION] = decided
+        if req.hostfile and not req.dry_run and (problem := unresolved_host(req.hostfile, read_hostfile(req.hostfile))):
+            raise CoreCPUError(problem)
+        for w in plan.warnings:
+            print(f"corecpu launch: warning: {w}", file=sys.stderr, flush=True)
+        for note in plan.notes:
+            print(f"corecpu launch: {note}", file=sys.stderr, flush=True)
         env = {**os.environ, **plan.env}
         if req.dry_run:
             env = plan.env

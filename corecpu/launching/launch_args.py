@@ -48,6 +48,8 @@ class LaunchRequest:
     tee: str | None = None  # torchrun's -t/--tee spec
     local_ranks_filter: str | None = None  # torchrun's --local-ranks-filter ("0,1")
     oversubscribe: bool = False
+    auto: bool = False  # `./launch.sh auto` / `-n auto`: the ranks per node chosen by measurement (auto_ranks)
+    global_batch: int | None = None  # --global-batch-size: train.py's per-rank batch follows the rank count
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,6 +69,10 @@ def _count(flag: str):
     return parse
 
 
+def _count_or_auto(text: str) -> int | str:
+    return "auto" if text == "auto" else _count("-n")(text)
+
+
 def build_parser(with_help: bool = True) -> argparse.ArgumentParser:
     """with_help=False for launch.sh, whose --help after N is train.py's (./launch.sh -h is its own usage)."""
     p = _Parser(prog="corecpu launch", allow_abbrev=False, add_help=False,
@@ -78,8 +84,12 @@ def build_parser(with_help: bool = True) -> argparse.ArgumentParser:
                 "the file).")
     if with_help:
         p.add_argument("-h", "--help", action="help", help="show this help and exit")
-    p.add_argument("-n", "-np", dest="nranks", type=_count("-n"), metavar="N",
-                   help="ranks in all (mpirun's -n; launch.sh's N)")
+    p.add_argument("-n", "-np", dest="nranks", type=_count_or_auto, metavar="N",
+                   help="ranks in all (mpirun's -n; launch.sh's N); auto: the ranks per node that trained train.py's "
+                   "job fastest on this node, measured (once per job and machine) with the global batch held")
+    p.add_argument("--global-batch-size", "--global_batch_size", dest="global_batch", type=_count("--global-batch-size"),
+                   metavar="G", help="train.py: examples per optimizer step; each rank gets --batch-size G / (ranks x "
+                   "--grad-accum). Default with auto: twice the task's per-rank default")
     p.add_argument("--nproc-per-node", "--nproc_per_node", "--ppn", "--nproc", dest="ppn", type=_count("--nproc-per-node"),
                    metavar="P", help="ranks on each node (torchrun's --nproc-per-node; mpirun's --ppn; as in corecpu "
                    "plan --nproc). Default: N divided evenly over the nodes")
@@ -167,7 +177,7 @@ def parse_args(argv: Sequence[str], default_script: str | None = None) -> Launch
     """`corecpu launch [options] SCRIPT [ARGS]`; with `default_script` (launch.sh), a bare N may come first and
     words that are not the launcher's go to the default script (train.py) when no SCRIPT.py is named."""
     argv = list(argv)
-    nranks_first: int | None = None
+    nranks_first: int | str | None = None
     if default_script is not None and argv and not argv[0].startswith("-"):
         if not argv[0].endswith(".py"):
             nranks_first = _ranks(argv.pop(0))
@@ -183,10 +193,12 @@ def parse_args(argv: Sequence[str], default_script: str | None = None) -> Launch
         if ns.nranks is not None and ns.nranks != nranks_first:
             raise CoreCPUError(f"N is {nranks_first} but -n says {ns.nranks}; give the number of ranks once")
         ns.nranks = nranks_first
-    req = LaunchRequest(ns.nranks, "", hostfile=ns.hostfile, ppn=ns.ppn, dry_run=ns.dry_run, launcher=ns.launcher,
+    auto = ns.nranks == "auto"
+    req = LaunchRequest(None if auto else ns.nranks, "", hostfile=ns.hostfile, ppn=ns.ppn, dry_run=ns.dry_run, launcher=ns.launcher,
                         log_dir=ns.log_dir, nnodes=ns.nnodes, node_rank=ns.node_rank, master_addr=ns.master_addr,
                         master_port=ns.master_port, redirects=ns.redirects, tee=ns.tee,
-                        local_ranks_filter=ns.local_ranks_filter, oversubscribe=ns.oversubscribe)
+                        local_ranks_filter=ns.local_ranks_filter, oversubscribe=ns.oversubscribe, auto=auto,
+                        global_batch=ns.global_batch)
     if script_words:
         req.script, req.script_args = script_words[0], script_words[1:]
         if req.script == TRAIN:
@@ -203,7 +215,12 @@ def parse_args(argv: Sequence[str], default_script: str | None = None) -> Launch
 
 def check(req: LaunchRequest, standalone: bool = False) -> None:
     """What the options say together, before anything is planned."""
-    if req.nranks is None and req.ppn is None:
+    if req.auto and req.ppn is not None:
+        raise CoreCPUError("auto chooses the ranks per node; drop --nproc-per-node, or give a number instead of auto")
+    if (req.auto or req.global_batch) and not (Path(req.script).name == "train.py" or req.module):
+        raise CoreCPUError(f"{'auto' if req.auto else '--global-batch-size'} sets train.py's --batch-size; with "
+                           "your own script give the number of ranks and your script's own batch flag")
+    if req.nranks is None and req.ppn is None and not req.auto:
         raise CoreCPUError("how many ranks? e.g. ./launch.sh 2, corecpu launch -n 2 SCRIPT.py, or "
                            "--nproc-per-node 2 (ranks per node)")
     if not Path(req.script).is_file():
@@ -232,9 +249,11 @@ def check(req: LaunchRequest, standalone: bool = False) -> None:
         raise CoreCPUError("--redirects and --tee write to files in --log-dir; add --log-dir DIR")
 
 
-def _ranks(text: str) -> int:
+def _ranks(text: str) -> int | str:
+    if text == "auto":
+        return text
     if not text.lstrip("-").isdigit():
-        raise CoreCPUError(f"N must be a whole number of ranks, got {text!r}; e.g. ./launch.sh 2")
+        raise CoreCPUError(f"N must be a whole number of ranks or auto, got {text!r}; e.g. ./launch.sh 2")
     if int(text) < 1:
         raise CoreCPUError(f"N must be at least 1, got {text}; e.g. ./launch.sh 2")
     return int(text)

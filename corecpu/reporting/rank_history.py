@@ -12,6 +12,7 @@ idle start.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import statistics
 import time
@@ -27,8 +28,10 @@ KEEP = 3  # the last few rates per rank count: their median, so one disturbed ru
 MIN_STEPS = 20  # a run timed over fewer steps is too noisy to advise anyone
 MARGIN = 0.05  # another rank count must be this much faster before a run is told so (repeats differ by 1-3%)
 # The flags that change a step's cost; the rest (lr, seed, output dir, logging) do not.
+# The precision asked for, not the one resolved: the launcher's `auto` looks a job up before any rank resolves it
+# (on one machine `auto` resolves alike, from the cached calibration).
 SHAPE_FLAGS = ("task", "model", "data", "max_seq_len", "group_by_length", "pad_to_multiple_of", "lora_r",
-               "compile", "attention", "allreduce", "allreduce_dtype", "backend")
+               "precision", "compile", "attention", "allreduce", "allreduce_dtype", "backend")
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,14 @@ class JobShape:
     ranks_per_node: int
 
 
-def job_shape(config: Mapping[str, Any], resolved: Mapping[str, Any], *, cpu_model: str, node_cpus: int,
-              world_size: int, local_world_size: int, torch_version: str) -> JobShape:
-    """The job's shape: what its samples/s can be compared across rank counts by."""
+def job_shape(config: Mapping[str, Any], binding: str | None, *, cpu_model: str, node_cpus: int,
+              world_size: int, local_world_size: int, torch_version: str | None = None) -> JobShape:
+    """The job's shape: what its samples/s can be compared across rank counts by. `node_cpus`: the CPUs the
+    node gives the job (its cpuset), as the launcher and the ranks both read it; `binding`: core or numa."""
     nodes = max(1, world_size // max(1, local_world_size))
     global_batch = int(config.get("batch_size") or 0) * world_size * int(config.get("grad_accum") or 1)
     shape = {**{k: config.get(k) for k in SHAPE_FLAGS}, "global_batch": global_batch, "nodes": nodes,
-             "precision": resolved.get("precision"), "binding": resolved.get("binding"), "torch": torch_version}
+             "binding": binding, "torch": torch_version or installed_torch()}
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return JobShape(f"{cpu_model}|cpus={node_cpus}|{digest}", global_batch, nodes, local_world_size)
 
@@ -53,12 +57,12 @@ def job_shape(config: Mapping[str, Any], resolved: Mapping[str, Any], *, cpu_mod
 def advice(entry: Mapping[str, Any], shape: JobShape, rate: float | None = None) -> str | None:
     """One line when another rank count per node trained this shape more than MARGIN faster than this run
     (`rate`) or, before it has one, than this rank count's own record; None otherwise. Pure."""
-    mine = rate if rate is not None else _median(entry.get(str(shape.ranks_per_node)))
+    mine = rate if rate is not None else median(entry.get(str(shape.ranks_per_node)))
     if mine is None:
         return None
     best_n, best = None, mine * (1 + MARGIN)
     for n, runs in entry.items():
-        if n.isdigit() and int(n) != shape.ranks_per_node and (m := _median(runs)) is not None and m > best:
+        if n.isdigit() and int(n) != shape.ranks_per_node and (m := median(runs)) is not None and m > best:
             best_n, best = int(n), m
     if best_n is None:
         return None
@@ -70,7 +74,16 @@ def advice(entry: Mapping[str, Any], shape: JobShape, rate: float | None = None)
             f"{best_n} per node trained it at {best:.1f} ({best / mine:.2f}x): run {best_n} per node{keep}")
 
 
-def _median(runs: Any) -> float | None:
+def installed_torch() -> str:
+    """torch's version from its metadata: the launcher reads it without importing torch."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def median(runs: Any) -> float | None:
+    """The median samples/s of an entry's runs of one rank count; None without any."""
     rates = [r["samples_per_s"] for r in runs or () if isinstance(r, dict) and r.get("samples_per_s")]
     return statistics.median(rates) if rates else None
 
@@ -99,4 +112,4 @@ def store(shape: JobShape, rate: float | None, steps: int, env: Mapping[str, str
     return entry
 
 
-__all__ = ["JobShape", "advice", "job_shape", "read", "recorded", "store"]
+__all__ = ["JobShape", "advice", "installed_torch", "job_shape", "median", "read", "recorded", "store"]

@@ -25,6 +25,7 @@ from corecpu.reporting.trackers import open_trackers
 from corecpu.compute import flops
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
+from corecpu.cpu.topology import read_topology
 from corecpu.cpu.memory_use import memory_use, peak_rss_mb
 from corecpu import atomic, envvars, notices
 from corecpu.errors import CoreCPUError
@@ -119,13 +120,10 @@ class Reporter:
         return round(value, 4) if value is not None else None
 
     def _job_shape(self) -> rank_history.JobShape:
-        host = self.reports[self.run.rank].get("host") if self.reports else None
-        node_cpus = {c for r in self.reports if r.get("host") == host for c in r.get("cpus") or ()}
-        return rank_history.job_shape(self.config, self.run.resolved(), cpu_model=read_cpu_features().model_name,
-                                      node_cpus=len(node_cpus) or (os.cpu_count() or 0),
-                                      world_size=self.run.world_size,
-                                      local_world_size=self.run.launch.local_world_size,
-                                      torch_version=torch.__version__)
+        node_cpus = len(read_topology(allowed_from_cpuset=True, env=self.env).allowed)
+        return rank_history.job_shape(self.config, self.run.binding, cpu_model=read_cpu_features().model_name,
+                                      node_cpus=node_cpus, world_size=self.run.world_size,
+                                      local_world_size=self.run.launch.local_world_size)
 
     def advance(self, step: int, status: str) -> None:
         if self.progress:

@@ -88,6 +88,7 @@ class Run:
     bindings: tuple[Mapping[str, Any], ...] = ()  # every rank's CPUs and threads, as seen inside it (topology.json)
     binding: str = "none"  # "core" | "numa" (corecpu pinned the rank), "launcher" (someone else did) or "none"
     binding_reason: str = ""
+    ranks_reason: str = ""  # `auto`: the launcher's measured choice of ranks per node (CORECPU_RANKS_DECISION)
     requested_precision: PrecisionChoice | None = None  # fp32 or bf16 as asked (None: auto, settled by wrap())
     allocator: str = "glibc"  # the malloc in force and, for glibc's under auto, how to get tcmalloc
     # The owners of what changes while the run goes on (see the module docstring); never reassigned.
@@ -159,6 +160,7 @@ class Run:
         return {
             "launcher": f"{self.launch.label}: rank {self.rank} of {self.world_size}, "
                         f"local rank {self.local_rank} of {self.launch.local_world_size}",
+            "ranks": f"{self.launch.local_world_size} per node ({self.ranks_reason or 'as the launcher was asked'})",
             "backend": f"{self.backend} ({self.backend_reason})",
             "allreduce": f"{self.allreduce} ({self.allreduce_reason})",
             "precision": f"{p.name} ({p.reason})" if p else f"{self.options.precision} (settled when the model is wrapped)",
@@ -488,6 +490,7 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
                   cpus=tuple(bindings[info.rank]["cpus"]),
                   allreduce=path, allreduce_reason=path_reason, ipex=_ipex.wanted(opts.ipex),
                   master=f"{pg.master_addr}:{pg.master_port}" if pg.master_addr else "", bindings=bindings,
+                  ranks_reason=env.get(envvars.RANKS_DECISION, ""),
                   requested_precision=requested, _node=node, _measured_path=measured, _life=life,
                   allocator=_allocator.describe(env, lambda: find_libraries(default_library_dirs(env))),
                   _clock=LoopClock(start_watchdog), **_threads.binding_of(decision, env, lambda: node.binding))

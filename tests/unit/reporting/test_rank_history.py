@@ -11,24 +11,23 @@ from corecpu.reporting import rank_history
 from corecpu.reporting.reporter import Reporter
 
 CONFIG = {"task": "classification", "model": "m", "data": "paraphrase", "max_seq_len": 128, "batch_size": 8,
-          "grad_accum": 1, "lr": 1e-4, "seed": 0, "output_dir": "/a"}
-RESOLVED = {"precision": "bf16", "binding": "core"}
+          "grad_accum": 1, "lr": 1e-4, "seed": 0, "output_dir": "/a", "precision": "auto", "max_steps": 0}
 
 
-def shape(ranks: int = 4, config: dict | None = None, resolved: dict | None = None) -> rank_history.JobShape:
-    return rank_history.job_shape(config or CONFIG, resolved or RESOLVED, cpu_model="Xeon", node_cpus=16,
+def shape(ranks: int = 4, config: dict | None = None, binding: str = "core") -> rank_history.JobShape:
+    return rank_history.job_shape(config or CONFIG, binding, cpu_model="Xeon", node_cpus=16,
                                   world_size=ranks, local_world_size=ranks, torch_version="2.11")
 
 
 def test_the_shape_ignores_what_does_not_change_a_steps_cost() -> None:
     a = shape(4)
     assert a.global_batch == 32 and a.ranks_per_node == 4 and a.nodes == 1
-    assert shape(4, {**CONFIG, "lr": 3e-5, "seed": 7, "output_dir": "/b"}).key == a.key
+    assert shape(4, {**CONFIG, "lr": 3e-5, "seed": 7, "output_dir": "/b", "max_steps": 30}).key == a.key
     assert shape(2, {**CONFIG, "batch_size": 16}).key == a.key  # same global batch, other rank count: comparable
     assert shape(2).key != a.key  # global batch 16: another job
-    assert shape(4, resolved={**RESOLVED, "precision": "fp32"}).key != a.key
+    assert shape(4, {**CONFIG, "precision": "fp32"}).key != a.key
     # A run on a node start-up found shared is never compared with one that had it alone.
-    assert shape(4, resolved={**RESOLVED, "binding": "numa"}).key != a.key
+    assert shape(4, binding="numa").key != a.key
     assert shape(4, {**CONFIG, "max_seq_len": 256}).key != a.key
 
 
@@ -81,7 +80,8 @@ def test_a_run_records_its_rate_and_says_when_fewer_ranks_did_better(one_process
     key = report._shape
     assert key is not None and key.ranks_per_node == 1 and key.global_batch == 32
     # Another rank count of the same job, recorded earlier on this machine, trained faster.
-    rank_history.store(rank_history.JobShape(key.key, 32, 1, 2), 150.0, 40, {"CORECPU_CACHE_DIR": str(tmp_path / "cache")})
+    cache = {"CORECPU_CACHE_DIR": str(tmp_path / "cache")}
+    rank_history.store(rank_history.JobShape(key.key, 32, 1, 2), 150.0, 40, cache)
     report._timed_from, report._timed_to, report._timed_samples = 0.0, 1.0, 100.0  # 100 samples/s
     report.finish(torch_linear(), None, 30)
     err = capsys.readouterr().err
