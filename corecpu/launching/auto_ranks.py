@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
 
 TRIAL_STEPS = 30
@@ -96,6 +97,22 @@ def global_batch(config: Mapping[str, object], default_batch: int, requested: in
     return requested or 2 * default_batch
 
 
+def fixed_ranks_batch(script_args: Sequence[str], nranks: int | None, requested: int) -> int:
+    """`--global-batch-size G` with a fixed rank count: the per-rank --batch-size it means."""
+    from corecpu.tasks.registry import parse_config  # as in choose(): torch loads only on this path
+
+    if nranks is None:
+        raise CoreCPUError("--global-batch-size needs the number of ranks in all: -n N (or ./launch.sh N)")
+    config = parse_config(list(script_args))
+    default = type(config.task_options).default_batch_size if config.task_options else config.batch_size
+    g = global_batch(config.to_dict(), default, requested, auto=False)
+    per, rest = divmod(g, nranks * config.grad_accum)
+    if rest or not per:
+        raise CoreCPUError(f"--global-batch-size {g} does not split over {nranks} ranks x --grad-accum "
+                           f"{config.grad_accum}; give a multiple of {nranks * config.grad_accum}")
+    return per
+
+
 def dry_trial(ranks: int, args: list[str], out: Path) -> tuple[float | None, str]:
     """--dry-run runs nothing: choose() says what it would measure instead of calling this."""
     raise AssertionError("a dry run trains no trial")
@@ -108,9 +125,9 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
            env: Mapping[str, str], run_trial: Trial, say: Callable[[str], None]) -> RankChoice | None:
     """Read the history; trial what it lacks (`run_trial(ranks, args, dir) -> (samples/s or None, last line)`);
     choose. With `dry_trial`, a choice the history does not settle is only described (None)."""
-    from corecpu.cpu.hardware import read_cpu_features
-    from corecpu.reporting import rank_history
+    # train.py's parser loads torch and transformers: only when auto runs, the launcher's usual path stays torch-free
     from corecpu.tasks.registry import parse_config
+    from corecpu.reporting import rank_history  # as parse_config: corecpu.reporting's package imports torch
 
     base = parse_config(list(script_args))
     default = type(base.task_options).default_batch_size if base.task_options else base.batch_size

@@ -219,19 +219,10 @@ def settle_batch(req: LaunchRequest, cores: int, node_cpus: int, env: Mapping[st
     auto decision's line ("" without auto), or None when a dry run of auto has said what it would measure."""
     if not (req.auto or req.global_batch):
         return ""
-    from corecpu.launching import auto_ranks
-    from corecpu.tasks.registry import parse_config
+    from corecpu.launching import auto_ranks  # it reads train.py's flags, which loads torch: only when asked
 
-    config = parse_config(list(req.script_args))
-    default = type(config.task_options).default_batch_size if config.task_options else config.batch_size
     if not req.auto:
-        if req.nranks is None:
-            raise CoreCPUError("--global-batch-size needs the number of ranks in all: -n N (or ./launch.sh N)")
-        g = auto_ranks.global_batch(config.to_dict(), default, req.global_batch, auto=False)
-        per, rest = divmod(g, req.nranks * config.grad_accum)
-        if rest or not per:
-            raise CoreCPUError(f"--global-batch-size {g} does not split over {req.nranks} ranks x --grad-accum "
-                               f"{config.grad_accum}; give a multiple of {req.nranks * config.grad_accum}")
+        per = auto_ranks.fixed_ranks_batch(req.script_args, req.nranks, req.global_batch)  # type: ignore[arg-type]
         req.script_args = [*req.script_args, "--batch-size", str(per)]
         return ""
     auto_ranks.refuse(req.script_args, req.hostfile, req.nnodes)

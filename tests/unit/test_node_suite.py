@@ -12,23 +12,24 @@ from benchmarks import node_suite
 
 def test_parts_put_the_headline_first_and_hold_the_global_batch() -> None:
     plan = node_suite.parts(ranks=4, cores=16, global_batch=32, model="/m")
-    assert [p.name for p in plan] == ["minilm-n4", "minilm-n1", "bert-n4", "bert-n1", "overhead-n4", "minilm-n2",
+    assert [p.name for p in plan] == ["minilm-n4", "bert-n4", "bert-n1", "overhead-n4", "minilm-n1", "minilm-n2",
                                       "minilm-n8"]
     for part in plan:
         batch = int(part.args[part.args.index("--batch-size") + 1])
         assert batch * part.ranks == 32, part.name
     head = plan[0]
-    assert "corecpu,trainer_tuned" in head.args and head.args[head.args.index("--torchrun-threads") + 1] == "4"
+    assert "corecpu,corecpu_auto,trainer_tuned" in head.args
+    assert head.args[head.args.index("--torchrun-threads") + 1] == "4"
     assert all(p.model == "/m" for p in plan if not p.name.startswith("bert"))
-    bert = plan[2]
+    bert = plan[1]
     assert bert.model == "bert-base" and bert.args[bert.args.index("--bert-vocab") + 1] == "/m"
 
 
 def test_parts_skip_rank_counts_that_do_not_fit_and_quick_is_short() -> None:
     plan = node_suite.parts(ranks=2, cores=2, global_batch=32, model=None, quick=True)
-    assert [p.name for p in plan] == ["minilm-n2", "minilm-n1", "bert-n2", "bert-n1", "overhead-n2"]
+    assert [p.name for p in plan] == ["minilm-n2", "bert-n2", "bert-n1", "overhead-n2", "minilm-n1"]
     assert all(p.estimate_s == 20 and p.args[p.args.index("--max-steps") + 1] == "12" for p in plan)
-    assert plan[0].model == "minilm" and "--bert-vocab" not in plan[2].args  # the node's MiniLM package
+    assert plan[0].model == "minilm" and "--bert-vocab" not in plan[1].args  # the node's MiniLM package
 
 
 def _result(variant_rates: dict[str, float], **extra) -> dict:
@@ -39,14 +40,14 @@ def _result(variant_rates: dict[str, float], **extra) -> dict:
 def test_criteria_say_met_and_not_met_with_their_numbers() -> None:
     results = {
         "matmul": {"fp32_threads16_gflops": 1331.0, "bf16_threads16_gflops": 4318.0, "bf16_threads4_gflops": 1200.0},
-        "minilm-n4": _result({"corecpu": 140.0, "trainer_tuned": 118.0}, ratios={"corecpu": {
+        "minilm-n4": _result({"corecpu": 140.0, "trainer_tuned": 118.0}, baseline="trainer_tuned", ratios={"corecpu": {
             "throughput": 140 / 118, "wall_speedup": 1.1, "accuracy_delta": 0.002}}),
         "minilm-n1": _result({"corecpu": 150.0}),
         "bert-n4": {"raw": [{"variant": "corecpu", "mfu": 0.5, "matmul": {"job_flops": 4.0e12}}]},
         "overhead-n4": {"comparisons": {"distribution": {"overhead_median": 0.08}}},
     }
     lines = node_suite.criteria(results, ranks=4)
-    assert lines[0].startswith("- corecpu 4 ranks against the tuned Trainer") and "1.19x" in lines[0]
+    assert lines[0].startswith("- corecpu 4 ranks against the tuned Trainer (trainer_tuned)") and "1.19x" in lines[0]
     assert "bar 1.3x: NOT met" in lines[0]
     assert "140.0 samples/s against 1 rank with every core 150.0" in lines[1] and "NOT met" in lines[1]
     # 0.5 x 4 TFLOP/s = 2 TFLOP/s of the node's 4.318: 46%.
