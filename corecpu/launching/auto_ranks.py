@@ -24,6 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from corecpu.cpu.hardware import read_cpu_features
@@ -40,9 +41,9 @@ class RankChoice:
     ranks: int
     batch_size: int  # per rank
     global_batch: int
-    rates: dict[int, float]  # samples/s per candidate that ran (medians of the recorded runs)
+    rates: Mapping[int, float]  # samples/s per candidate that ran (medians of the recorded runs); read-only
     trialled: tuple[int, ...]  # the candidates measured by this launch (the rest came from the history)
-    failed: dict[int, str]  # candidates whose trial failed, and the last line of its output
+    failed: Mapping[int, str]  # candidates whose trial failed, and the last line of its output; read-only
 
     def line(self) -> str:
         rates = ", ".join(f"{n}: {r:.1f}" for n, r in sorted(self.rates.items()))
@@ -175,7 +176,8 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
         raise CoreCPUError(f"auto: every trial failed ({'; '.join(f'{n}: {w}' for n, w in failed.items())}); fix "
                            "that, or give the number of ranks")
     best = pick(rates)
-    return RankChoice(best, g // (best * accum), g, rates, tuple(trialled), failed)
+    return RankChoice(best, g // (best * accum), g, MappingProxyType(dict(rates)), tuple(trialled),
+                      MappingProxyType(dict(failed)))
 
 
 def subprocess_trial(script: str, module: str | None, launcher: str | None, env: Mapping[str, str]) -> Trial:
