@@ -139,13 +139,13 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
         raise CoreCPUError(f"no rank count splits the global batch of {g} over {CORES_NOTE} ({cores}) with "
                            f"--grad-accum {accum}; give --global-batch-size a multiple of {accum * 2}")
 
-    def shape(n: int) -> rank_history.JobShape:
-        config = parse_config([*script_args, "--batch-size", str(g // (n * accum))]).to_dict()
-        return rank_history.job_shape(config, binding, cpu_model=read_cpu_features().model_name,
-                                      node_cpus=node_cpus, world_size=n, local_world_size=n)
+    # One key for every candidate: the global batch, not the rank count, is part of a job's shape.
+    config = parse_config([*script_args, "--batch-size", str(g // (ranks[0] * accum))]).to_dict()
+    shape = rank_history.job_shape(config, binding, cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
+                                   world_size=ranks[0], local_world_size=ranks[0])
 
     def recorded() -> dict[int, float]:
-        entry = rank_history.read(shape(ranks[0]), env)
+        entry = rank_history.read(shape, env)
         return {n: m for n in ranks if (m := rank_history.median(entry.get(str(n)))) is not None}
 
     rates, failed, trialled = recorded(), {}, []
