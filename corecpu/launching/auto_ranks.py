@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from corecpu.cpu.hardware import read_cpu_features
+from corecpu import envvars
 from corecpu.errors import CoreCPUError
 
 TRIAL_STEPS = 30
@@ -142,7 +143,8 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
     # One key for every candidate: the global batch, not the rank count, is part of a job's shape.
     config = parse_config([*script_args, "--batch-size", str(g // (ranks[0] * accum))]).to_dict()
     shape = rank_history.job_shape(config, binding, cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
-                                   world_size=ranks[0], local_world_size=ranks[0])
+                                   world_size=ranks[0], local_world_size=ranks[0],
+                                   busy=bool(env.get(envvars.CPUS_BUSY)))
 
     def recorded() -> dict[int, float]:
         entry = rank_history.read(shape, env)

@@ -3,10 +3,10 @@
 corecpu does not pick the number of ranks (the launcher's N does), and more ranks are not always faster: on
 issue 29's 16-core Xeon, 8 ranks trained at 86 samples/s where 2 did 110. Every run that trained long enough
 records its samples/s under its job's shape (machine, task, model, data, sequence length, global batch,
-precision, binding); a run whose rank count measured slower than another of the same shape says so, with both
-numbers and the command that keeps the global batch. A run on a CPU that start-up found shared (binding
-numa) is recorded apart from one that had the node alone, so a timing taken under load never advises an
-idle start.
+precision, binding, and whether the launcher found the CPUs busy at start); a run whose rank count measured
+slower than another of the same shape says so, with both numbers and the command that keeps the global batch.
+A run that started beside a busy neighbour is recorded apart from one that had the node alone, so a timing
+taken under load never advises (or decides `auto` for) an idle start, nor the other way round.
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ class JobShape:
 
 
 def job_shape(config: Mapping[str, Any], binding: str | None, *, cpu_model: str, node_cpus: int,
-              world_size: int, local_world_size: int, torch_version: str | None = None) -> JobShape:
+              world_size: int, local_world_size: int, busy: bool = False,
+              torch_version: str | None = None) -> JobShape:
     """The job's shape: what its samples/s can be compared across rank counts by. `node_cpus`: the CPUs the
-    node gives the job (its cpuset), as the launcher and the ranks both read it; `binding`: core or numa."""
+    node gives the job (its cpuset), as the launcher and the ranks both read it; `binding`: core or numa;
+    `busy`: whether the launcher found some of those CPUs busy at start (CORECPU_CPUS_BUSY)."""
     nodes = max(1, world_size // max(1, local_world_size))
     global_batch = int(config.get("batch_size") or 0) * world_size * int(config.get("grad_accum") or 1)
     shape = {**{k: config.get(k) for k in SHAPE_FLAGS}, "global_batch": global_batch, "nodes": nodes,
-             "binding": binding, "torch": torch_version or installed_torch()}
+             "binding": binding, "busy": busy, "torch": torch_version or installed_torch()}
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return JobShape(f"{cpu_model}|cpus={node_cpus}|{digest}", global_batch, nodes, local_world_size)
 

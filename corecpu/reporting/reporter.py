@@ -123,7 +123,8 @@ class Reporter:
         node_cpus = len(read_topology(allowed_from_cpuset=True, env=self.env).allowed)
         return rank_history.job_shape(self.config, self.run.binding, cpu_model=read_cpu_features().model_name,
                                       node_cpus=node_cpus, world_size=self.run.world_size,
-                                      local_world_size=self.run.launch.local_world_size)
+                                      local_world_size=self.run.launch.local_world_size,
+                                      busy=bool(self.env.get(envvars.CPUS_BUSY)))
 
     def advance(self, step: int, status: str) -> None:
         if self.progress:

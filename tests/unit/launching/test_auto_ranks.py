@@ -55,13 +55,14 @@ def test_the_global_batch_is_given_or_twice_the_default_and_never_both_ways() ->
 
 
 def _recording_trial(rates: dict[int, float], env: dict[str, str], node_cpus: int, calls: list[int]):
-    """A trial as the ranks' Reporter records it: the shape from the trial's own flags."""
+    """A trial as the ranks' Reporter records it: the shape from the trial's own flags and environment."""
     def trial(ranks: int, args: list[str], out: Path) -> tuple[float | None, str]:
         calls.append(ranks)
         if rates.get(ranks) is None:
             return None, "RuntimeError: out of memory"
         shape = rank_history.job_shape(parse_config(args).to_dict(), "core", cpu_model=read_cpu_features().model_name,
-                                       node_cpus=node_cpus, world_size=ranks, local_world_size=ranks)
+                                       node_cpus=node_cpus, world_size=ranks, local_world_size=ranks,
+                                       busy=bool(env.get("CORECPU_CPUS_BUSY")))
         rank_history.store(shape, rates[ranks], auto_ranks.TRIAL_STEPS, env)
         return rates[ranks], ""
     return trial
@@ -88,6 +89,18 @@ def test_trials_land_in_the_history_and_the_next_choice_reads_them(tmp_path: Pat
     other = auto_ranks.choose(args, 64, 2, 2, "core", env, _recording_trial({1: 380.0, 2: 400.0}, env, 2, calls),
                               said.append)
     assert other is not None and (other.ranks, other.batch_size) == (2, 32) and calls == [1, 2, 1, 2]
+
+
+def test_a_choice_made_beside_a_busy_neighbour_is_not_an_idle_starts(tmp_path: Path) -> None:
+    idle = {"CORECPU_CACHE_DIR": str(tmp_path), "CORECPU_CPUS_BUSY": ""}
+    busy = {**idle, "CORECPU_CPUS_BUSY": "1"}
+    calls: list[int] = []
+    loaded = auto_ranks.choose(["--model", "tiny"], None, 2, 2, "core", busy,
+                               _recording_trial({1: 100.0, 2: 150.0}, busy, 2, calls), lambda _: None)
+    assert loaded is not None and loaded.ranks == 2 and calls == [1, 2]
+    quiet = auto_ranks.choose(["--model", "tiny"], None, 2, 2, "core", idle,
+                              _recording_trial({1: 300.0, 2: 200.0}, idle, 2, calls), lambda _: None)
+    assert quiet is not None and quiet.ranks == 1 and calls == [1, 2, 1, 2]  # measured afresh, not read back
 
 
 def test_a_failed_trial_is_named_and_the_others_decide(tmp_path: Path) -> None:

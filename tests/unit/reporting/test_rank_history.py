@@ -28,6 +28,9 @@ def test_the_shape_ignores_what_does_not_change_a_steps_cost() -> None:
     assert shape(4, {**CONFIG, "precision": "fp32"}).key != a.key
     # A run on a node start-up found shared is never compared with one that had it alone.
     assert shape(4, binding="numa").key != a.key
+    busy = rank_history.job_shape(CONFIG, "core", cpu_model="Xeon", node_cpus=16, world_size=4, local_world_size=4,
+                                  busy=True, torch_version="2.11")
+    assert busy.key != a.key
     assert shape(4, {**CONFIG, "max_seq_len": 256}).key != a.key
 
 
