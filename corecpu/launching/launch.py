@@ -257,9 +257,13 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     job_dir = job_watch.make_job_dir()
     env = {**env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.JOB_DIR: str(job_dir)}
     job_watch.become_subreaper()
+    # A rank may signal this process (END_JOB_SIGNAL) or a person may (Ctrl-C) before the handlers below exist:
+    # held until they do, then handled (a loaded CI machine once killed the launcher with an early SIGUSR2).
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
     try:
         child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_launcher_child)
     except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         shutil.rmtree(job_dir, ignore_errors=True)
         raise CoreCPUError(f"cannot start {command[0]}: {exc.strerror}; check that it is installed") from None
     # torchrun's agent already ends the job when a worker fails, and names it (corecpu.launching.torchrun).
@@ -312,6 +316,7 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(signum, forward)
     signal.signal(END_JOB_SIGNAL, end_job)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)  # what arrived meanwhile is handled now
     code = 1
     try:
         code = child.wait()  # PEP 475: retried after each forwarded signal until the child exits
@@ -335,13 +340,16 @@ def _say(line: str) -> None:
 # the wrapper survives; mpiexec.hydra installs its own handlers and forwards to the ranks, as
 # torchrun's agent does; this process forwards what it receives.
 LAUNCHER_IGNORES = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+HANDLED = (*LAUNCHER_IGNORES, END_JOB_SIGNAL)  # what run_forwarding_signals handles, held until it can
 
 
 def _launcher_child() -> None:
-    """In the launcher's child, before exec: its own process group, the stop signals ignored."""
+    """In the launcher's child, before exec: its own process group, the stop signals ignored, none held (the
+    parent holds them while it starts this child)."""
     os.setpgrp()
     for signum in LAUNCHER_IGNORES:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
 
 
 def _children(pid: int, name: str) -> list[int]:

@@ -93,5 +93,7 @@ def test_a_failed_job_prints_the_failed_ranks_last_lines(tmp_path):
     assert r.returncode != 0
     assert f"corecpu launch: the job failed (exit {r.returncode}); rank logs in {logs}" in r.stderr, r.stderr[-3000:]
     summary = r.stderr.split("the job failed", 1)[1]
-    assert "--- rank 0, last lines of" in summary and str(missing) in summary, r.stderr[-3000:]
+    # Both ranks find the file missing; whichever exits first has torchrun kill the other, which may not have
+    # written its line yet (CI's loaded machine once lost rank 0's): a failed rank's lines, with the cause.
+    assert "--- rank " in summary and ", last lines of" in summary and str(missing) in summary, r.stderr[-3000:]
     assert os.path.exists(logs / "rank-1.log")

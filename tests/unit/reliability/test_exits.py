@@ -62,6 +62,31 @@ def test_the_launcher_starts_with_stop_signals_ignored_and_bind_gives_them_back(
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # this process untouched
 
 
+def test_signals_held_while_the_launcher_starts_its_child_are_not_held_in_the_child():
+    # run_forwarding_signals holds the signals it handles until its handlers exist; the child must not inherit that.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, launch.HANDLED)
+    try:
+        child = subprocess.run(["grep", "^SigBlk", "/proc/self/status"], preexec_fn=_launcher_child,
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    mask = int(child.stdout.split()[1], 16)
+    assert not [s for s in launch.HANDLED if mask & (1 << (s - 1))], child.stdout
+
+
+def test_a_signal_that_arrives_before_the_handlers_is_handled_not_fatal():
+    # The stand-in job signals at once, racing the launcher's handler set-up: held, then handled (exit 124 as below).
+    job = ("import os, signal, time; os.kill(int(os.environ['CORECPU_LAUNCHER_PID']), signal.SIGUSR2); "
+           "time.sleep(120)")
+    code = ("import sys, time, subprocess; from corecpu.launching import launch; launch.END_JOB_GRACE_S = 1.0; "
+            "popen = subprocess.Popen\n"
+            "def slow(*a, **k):\n    p = popen(*a, **k); time.sleep(2); return p\n"  # the job signals meanwhile
+            "subprocess.Popen = slow\n"
+            f"rc = launch.run_forwarding_signals([sys.executable, '-c', {job!r}], {{}}, 'mpirun'); print(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert (out.returncode, out.stdout.strip()) == (0, str(EXIT_HUNG)), out.stderr
+
+
 def test_a_hung_job_that_outlives_the_grace_is_killed_by_the_launcher_with_exit_124():
     # The stand-in job asks to be ended (as a watchdog does) and then waits like a stopped rank's peers under hydra.
     assert launch.EXIT_HUNG == EXIT_HUNG  # launch.py repeats it to stay torch-free
