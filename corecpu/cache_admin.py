@@ -50,8 +50,9 @@ KINDS = (
     Kind("ipex", "the IPEX test tier's environment and its torch wheel (tests/ipex_env.sh, ~5 GB download)",
          ("ipex-*", "wheels/*")),
     Kind("measurements", "precision, matmul and all-reduce timings, CPU flags per boot (measured again), "
-         "samples/s per rank count (recorded again by the next runs)",
-         ("precision.json", "matmul.json", "allreduce.json", "cpuid-*.json", "rank_history.json")),
+         "samples/s per rank count (recorded again by the next runs), auto's parsed command lines",
+         ("precision.json", "matmul.json", "allreduce.json", "cpuid-*.json", "rank_history.json",
+          "auto_parsed.json")),
 )
 OTHER = Kind("other", "not written by corecpu (pruned only with --kind other)", ())
 KIND_NAMES = tuple(k.name for k in KINDS) + (OTHER.name,)

@@ -18,6 +18,8 @@ Only for train.py (the trials pass its flags) and one node (the trials run here)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -28,8 +30,9 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from corecpu.cpu.hardware import read_cpu_features
-from corecpu import envvars
+from corecpu import cachefile, envvars
 from corecpu.errors import CoreCPUError
+from corecpu.reporting import rank_history
 
 TRIAL_STEPS = 30
 TRIAL_LOG_EVERY = 5  # the rate is timed after the first log interval: 25 of the 30 steps
@@ -101,7 +104,7 @@ def global_batch(config: Mapping[str, object], default_batch: int, requested: in
 
 def fixed_ranks_batch(script_args: Sequence[str], nranks: int | None, requested: int) -> int:
     """`--global-batch-size G` with a fixed rank count: the per-rank --batch-size it means."""
-    from corecpu.tasks.registry import parse_config  # as in choose(): torch loads only on this path
+    from corecpu.tasks.registry import parse_config  # torch and transformers: only on this path
 
     if nranks is None:
         raise CoreCPUError("--global-batch-size needs the number of ranks in all: -n N (or ./launch.sh N)")
@@ -121,28 +124,68 @@ def dry_trial(ranks: int, args: list[str], out: Path) -> tuple[float | None, str
 
 
 Trial = Callable[[int, list[str], Path], "tuple[float | None, str]"]
+PARSED_FILE = "auto_parsed.json"  # under the cache directory: a command line's job config, parsed once
+PARSED_VERSION = 1
+
+
+def parsed_key(script_args: Sequence[str], requested_global: int | None) -> str | None:
+    """Pure apart from reading a --config file. The command line without --output-dir (a new one each run is
+    common; it changes no step), the global batch asked for and a --config file's bytes; None if that file
+    cannot be read (train.py's parser then says why)."""
+    words, skip, extra = [], False, b""
+    for i, word in enumerate(script_args):
+        if skip:
+            skip = False
+            continue
+        if word == "--output-dir":
+            skip = True
+            continue
+        if word.startswith("--output-dir="):
+            continue
+        if word == "--config" and i + 1 < len(script_args) or word.startswith("--config="):
+            path = word.split("=", 1)[1] if "=" in word else script_args[i + 1]
+            try:
+                extra += Path(path).read_bytes()
+            except OSError:
+                return None
+        words.append(word)
+    digest = hashlib.sha256(json.dumps([words, requested_global]).encode() + extra).hexdigest()[:24]
+    return f"{digest}|torch={rank_history.installed_torch()}"
+
+
+def job_config(script_args: Sequence[str], requested_global: int | None,
+               env: Mapping[str, str]) -> tuple[int, int, dict[str, object]]:
+    """(global batch, grad_accum, the shape's flags) of this command line. train.py's parser loads torch and
+    transformers (2-4 s here), so a command line auto has seen is read back from the cache instead."""
+    key = parsed_key(script_args, requested_global)
+    path = envvars.cache_dir(env) / PARSED_FILE
+    known = cachefile.read_entries(path, PARSED_VERSION).get(key or "")
+    if known:
+        return int(known["global_batch"]), int(known["grad_accum"]), dict(known["config"])
+    from corecpu.tasks.registry import parse_config  # torch and transformers: only when auto meets a new command line
+
+    base = parse_config(list(script_args))
+    default = type(base.task_options).default_batch_size if base.task_options else base.batch_size
+    g = global_batch(base.to_dict(), default, requested_global)
+    config = {k: v for k, v in base.to_dict().items() if k in (*rank_history.SHAPE_FLAGS, "grad_accum")}
+    if key:
+        cachefile.store_entry(path, PARSED_VERSION, key, {"global_batch": g, "grad_accum": base.grad_accum,
+                                                         "config": config}, "auto's parsed command lines")
+    return g, base.grad_accum, config
 
 
 def choose(script_args: Sequence[str], requested_global: int | None, cores: int, node_cpus: int, binding: str,
            env: Mapping[str, str], run_trial: Trial, say: Callable[[str], None]) -> RankChoice | None:
     """Read the history; trial what it lacks (`run_trial(ranks, args, dir) -> (samples/s or None, last line)`);
     choose. With `dry_trial`, a choice the history does not settle is only described (None)."""
-    # train.py's parser loads torch and transformers: only when auto runs, the launcher's usual path stays torch-free
-    from corecpu.tasks.registry import parse_config
-    from corecpu.reporting import rank_history  # as parse_config: corecpu.reporting's package imports torch
-
-    base = parse_config(list(script_args))
-    default = type(base.task_options).default_batch_size if base.task_options else base.batch_size
-    accum = base.grad_accum
-    g = global_batch(base.to_dict(), default, requested_global)
+    g, accum, config = job_config(script_args, requested_global, env)
     ranks = candidates(cores, g, accum)
     if not ranks:
         raise CoreCPUError(f"no rank count splits the global batch of {g} over {CORES_NOTE} ({cores}) with "
                            f"--grad-accum {accum}; give --global-batch-size a multiple of {accum * 2}")
-
     # One key for every candidate: the global batch, not the rank count, is part of a job's shape.
-    config = parse_config([*script_args, "--batch-size", str(g // (ranks[0] * accum))]).to_dict()
-    shape = rank_history.job_shape(config, binding, cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
+    shape = rank_history.job_shape({**config, "batch_size": g // (ranks[0] * accum)}, binding,
+                                   cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
                                    world_size=ranks[0], local_world_size=ranks[0],
                                    busy=bool(env.get(envvars.CPUS_BUSY)))
 
@@ -185,8 +228,6 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
 def subprocess_trial(script: str, module: str | None, launcher: str | None, env: Mapping[str, str]) -> Trial:
     """A trial through `corecpu launch` itself, its output in its directory's log; the rate from its summary.json."""
     def run(ranks: int, args: list[str], out: Path) -> tuple[float | None, str]:
-        import json
-
         out.mkdir(parents=True, exist_ok=True)
         target = ["train"] if module else [script]
         cmd = [sys.executable, "-m", "corecpu.launch", *(["--launcher", launcher] if launcher else []),

@@ -157,3 +157,31 @@ def test_a_global_batch_with_a_fixed_rank_count_sets_the_per_rank_batch(tmp_path
                      8, 8, {})
     untouched = parse_args(["2", "--model", "tiny"], default_script=TRAIN)
     assert settle_batch(untouched, 8, 8, {}) == "" and untouched.script_args == ["--model", "tiny"]
+
+
+def test_a_command_line_auto_has_seen_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"CORECPU_CACHE_DIR": str(tmp_path)}
+    args = ["--model", "tiny", "--output-dir", "runs/a"]
+    first = auto_ranks.job_config(args, None, env)
+    assert first[:2] == (32, 1) and first[2]["model"] == "tiny" and first[2]["max_seq_len"] == 128
+
+    def no_parse(*_a, **_k):
+        raise AssertionError("parsed again")
+    import corecpu.tasks.registry as registry
+    monkeypatch.setattr(registry, "parse_config", no_parse)
+    assert auto_ranks.job_config(["--model", "tiny", "--output-dir=runs/b"], None, env) == first  # another output dir
+    with pytest.raises(AssertionError, match="parsed again"):
+        auto_ranks.job_config(["--model", "tiny", "--max-seq-len", "64"], None, env)
+    with pytest.raises(AssertionError, match="parsed again"):
+        auto_ranks.job_config(args, 64, env)  # another global batch
+
+
+def test_a_config_files_content_is_part_of_the_command_line(tmp_path: Path) -> None:
+    flags = tmp_path / "run.yaml"
+    flags.write_text("max_seq_len: 64\n")
+    before = auto_ranks.parsed_key(["--config", str(flags)], None)
+    flags.write_text("max_seq_len: 96\n")
+    assert auto_ranks.parsed_key(["--config", str(flags)], None) != before
+    assert auto_ranks.parsed_key(["--config", str(tmp_path / "missing.yaml")], None) is None
+    assert auto_ranks.parsed_key(["--model", "m", "--output-dir", "a"], None) == \
+        auto_ranks.parsed_key(["--model", "m", "--output-dir", "b"], None)
