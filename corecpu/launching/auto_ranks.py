@@ -104,18 +104,23 @@ def global_batch(config: Mapping[str, object], default_batch: int, requested: in
 
 def fixed_ranks_batch(script_args: Sequence[str], nranks: int | None, requested: int) -> int:
     """`--global-batch-size G` with a fixed rank count: the per-rank --batch-size it means."""
-    from corecpu.tasks.registry import parse_config  # torch and transformers: only on this path
-
     if nranks is None:
         raise CoreCPUError("--global-batch-size needs the number of ranks in all: -n N (or ./launch.sh N)")
-    config = parse_config(list(script_args))
-    default = type(config.task_options).default_batch_size if config.task_options else config.batch_size
+    config, default = _parse(script_args)
     g = global_batch(config.to_dict(), default, requested, auto=False)
     per, rest = divmod(g, nranks * config.grad_accum)
     if rest or not per:
         raise CoreCPUError(f"--global-batch-size {g} does not split over {nranks} ranks x --grad-accum "
                            f"{config.grad_accum}; give a multiple of {nranks * config.grad_accum}")
     return per
+
+
+def _parse(script_args: Sequence[str]):  # noqa: ANN202 - (TrainConfig, the task's default per-rank batch)
+    """train.py's flags as train.py reads them, and the task's default --batch-size."""
+    from corecpu.tasks.registry import parse_config  # torch and transformers: only when a batch must be worked out
+
+    config = parse_config(list(script_args))
+    return config, type(config.task_options).default_batch_size if config.task_options else config.batch_size
 
 
 def dry_trial(ranks: int, args: list[str], out: Path) -> tuple[float | None, str]:
@@ -162,10 +167,7 @@ def job_config(script_args: Sequence[str], requested_global: int | None,
     known = cachefile.read_entries(path, PARSED_VERSION).get(key or "")
     if known:
         return int(known["global_batch"]), int(known["grad_accum"]), dict(known["config"])
-    from corecpu.tasks.registry import parse_config  # torch and transformers: only when auto meets a new command line
-
-    base = parse_config(list(script_args))
-    default = type(base.task_options).default_batch_size if base.task_options else base.batch_size
+    base, default = _parse(script_args)
     g = global_batch(base.to_dict(), default, requested_global)
     config = {k: v for k, v in base.to_dict().items() if k in (*rank_history.SHAPE_FLAGS, "grad_accum")}
     if key:
