@@ -186,10 +186,13 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
         raise CoreCPUError(f"no rank count splits the global batch of {g} over {CORES_NOTE} ({cores}) with "
                            f"--grad-accum {accum}; give --global-batch-size a multiple of {accum * 2}")
     # One key for every candidate: the global batch, not the rank count, is part of a job's shape.
-    shape = rank_history.job_shape({**config, "batch_size": g // (ranks[0] * accum)}, binding,
-                                   cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
-                                   world_size=ranks[0], local_world_size=ranks[0],
-                                   busy=bool(env.get(envvars.CPUS_BUSY)))
+    busy = bool(env.get(envvars.CPUS_BUSY))
+
+    def shape_at(busy: bool) -> rank_history.JobShape:
+        return rank_history.job_shape({**config, "batch_size": g // (ranks[0] * accum)}, binding,
+                                      cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
+                                      world_size=ranks[0], local_world_size=ranks[0], busy=busy)
+    shape = shape_at(busy)
 
     def recorded() -> dict[int, float]:
         entry = rank_history.read(shape, env)
@@ -204,7 +207,7 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
         return None
     if missing:
         say(f"auto: measuring {', '.join(map(str, missing))} rank(s) per node ({TRIAL_STEPS} steps each, global batch "
-            f"{g}); once per job and machine")
+            f"{g}); once per job and machine{_why_again(busy, rank_history.read(shape_at(not busy), env))}")
     work = Path(tempfile.mkdtemp(prefix="corecpu-auto-"))
     try:
         for n in missing:
@@ -225,6 +228,16 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
     best = pick(rates)
     return RankChoice(best, g // (best * accum), g, MappingProxyType(dict(rates)), tuple(trialled),
                       MappingProxyType(dict(failed)))
+
+
+def _why_again(busy: bool, other_state: Mapping[str, object]) -> str:
+    """Why a job auto has chosen for before is measured again: its records were taken in the other load state."""
+    if not other_state:
+        return ""
+    if busy:
+        return ("; again now: some CPUs were busy at start, and this job's records are of idle starts (a timing "
+                "taken beside a neighbour is kept apart from them)")
+    return "; again now: the CPUs were idle at start, and this job's records were taken beside a busy neighbour"
 
 
 def subprocess_trial(script: str, module: str | None, launcher: str | None, env: Mapping[str, str]) -> Trial:

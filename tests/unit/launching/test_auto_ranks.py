@@ -95,12 +95,19 @@ def test_a_choice_made_beside_a_busy_neighbour_is_not_an_idle_starts(tmp_path: P
     idle = {"CORECPU_CACHE_DIR": str(tmp_path), "CORECPU_CPUS_BUSY": ""}
     busy = {**idle, "CORECPU_CPUS_BUSY": "1"}
     calls: list[int] = []
+    said: list[str] = []
     loaded = auto_ranks.choose(["--model", "tiny"], None, 2, 2, "core", busy,
-                               _recording_trial({1: 100.0, 2: 150.0}, busy, 2, calls), lambda _: None)
+                               _recording_trial({1: 100.0, 2: 150.0}, busy, 2, calls), said.append)
     assert loaded is not None and loaded.ranks == 2 and calls == [1, 2]
+    assert said[0].endswith("once per job and machine")  # nothing recorded in either state: no "again"
     quiet = auto_ranks.choose(["--model", "tiny"], None, 2, 2, "core", idle,
-                              _recording_trial({1: 300.0, 2: 200.0}, idle, 2, calls), lambda _: None)
+                              _recording_trial({1: 300.0, 2: 200.0}, idle, 2, calls), said.append)
     assert quiet is not None and quiet.ranks == 1 and calls == [1, 2, 1, 2]  # measured afresh, not read back
+    assert said[3].endswith("again now: the CPUs were idle at start, and this job's records were taken beside a "
+                            "busy neighbour"), said  # the user is told why a job auto knows is measured again
+    said.clear()
+    assert auto_ranks.choose(["--model", "tiny"], None, 2, 2, "core", busy, auto_ranks.dry_trial, said.append)
+    assert said == [] and calls == [1, 2, 1, 2]  # each state reads its own records back
 
 
 def test_a_failed_trial_is_named_and_the_others_decide(tmp_path: Path) -> None:
