@@ -103,6 +103,19 @@ OP_NAME = "deepspeed_shm_comm"  # ShareMemCommBuilder.NAME: the extension module
 _STAMP = "corecpu-built.json"  # beside the op: the .so a successful load left, as (size, mtime)
 
 
+def import_builder() -> Any:
+    """DeepSpeed's ShareMemCommBuilder class. Told the accelerator, DeepSpeed's import does not print on every rank
+    that it "was unable to detect" a GPU and chose the CPU (a user's own DS_ACCELERATOR is kept); it asks once,
+    at import, and keeps the answer."""
+    try:
+        with envvars.scoped(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")):
+            from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+    except ImportError as exc:
+        raise CoreCPUError(f"DeepSpeed's shared-memory op cannot be imported ({exc}); "
+                           f"{install_extra('shm')}, or use --allreduce gloo") from exc
+    return ShareMemCommBuilder
+
+
 def load_op(verbose: bool = False) -> Any:
     """DeepSpeed's shared-memory op, built on first use in this environment and loaded from the cache after.
 
@@ -113,11 +126,7 @@ def load_op(verbose: bool = False) -> Any:
     build_dir = op_cache_dir()
     if not verbose and (op := _load_built(build_dir / OP_NAME)) is not None:
         return op
-    try:
-        from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
-    except ImportError as exc:
-        raise CoreCPUError(f"DeepSpeed's shared-memory op cannot be imported ({exc}); "
-                           f"{install_extra('shm')}, or use --allreduce gloo") from exc
+    builder = import_builder()
     build_dir.mkdir(parents=True, exist_ok=True)
     # cpp_extension.load reads TORCH_EXTENSIONS_DIR; the builder takes no path. Always the ninja installed beside
     # this Python (DeepSpeed's dependency): ninja versions hash commands differently, so a system ninja one time
@@ -125,7 +134,7 @@ def load_op(verbose: bool = False) -> Any:
     path = os.pathsep.join(filter(None, [str(Path(sys.executable).parent), os.environ.get("PATH")]))
     with envvars.scoped(os.environ, TORCH_EXTENSIONS_DIR=str(build_dir), PATH=path):
         try:
-            op = ShareMemCommBuilder().load(verbose=verbose)
+            op = builder().load(verbose=verbose)
         except Exception as exc:  # a compiler error is long: its last line says which
             last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
             raise CoreCPUError(f"building DeepSpeed's shared-memory op in {build_dir} failed ({last}); "

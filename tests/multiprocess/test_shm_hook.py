@@ -5,6 +5,7 @@ lands, on one host of 2 ranks and, hierarchically, on 2 "hosts" of 2 ranks that 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -74,3 +75,16 @@ def test_once_loaded_the_op_loads_without_importing_deepspeed():
         assert r.returncode == 0, r.stderr[-3000:]
     last = [r.stdout.strip().splitlines()[-1].split() for r in runs]  # DeepSpeed logs to stdout as it loads
     assert last[1] == [last[0][0], "False"], runs[1].stdout + runs[1].stderr[-2000:]
+
+
+@needs_shm
+def test_deepspeeds_import_prints_no_accelerator_guess_on_the_ranks_console(tmp_path):
+    # Every rank that builds or first loads the op imports DeepSpeed, which otherwise prints a [WARNING] that it
+    # "was unable to detect" a GPU. Told the accelerator, it prints nothing; the environment is put back after.
+    code = ("import os; from corecpu.distributed.shm_allreduce import import_builder; b = import_builder(); "
+            "print(b.__name__, os.environ.get('DS_ACCELERATOR'))")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["ShareMemCommBuilder", "None"]
+    assert "unable to detect" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
