@@ -188,10 +188,10 @@ def choose(script_args: Sequence[str], requested_global: int | None, cores: int,
     # One key for every candidate: the global batch, not the rank count, is part of a job's shape.
     busy = bool(env.get(envvars.CPUS_BUSY))
 
-    def shape_at(busy: bool) -> rank_history.JobShape:
+    def shape_at(loaded: bool) -> rank_history.JobShape:
         return rank_history.job_shape({**config, "batch_size": g // (ranks[0] * accum)}, binding,
                                       cpu_model=read_cpu_features().model_name, node_cpus=node_cpus,
-                                      world_size=ranks[0], local_world_size=ranks[0], busy=busy)
+                                      world_size=ranks[0], local_world_size=ranks[0], busy=loaded)
     shape = shape_at(busy)
 
     def recorded() -> dict[int, float]:
