@@ -9,8 +9,9 @@ corecpu) and builds the step as train.py does, through the front door: `corecpu.
 corecpu's gradient all-reduce path and settled precision), `run.autocast()`. Each phase
 is timed with perf_counter (CPU ops are synchronous; DDP's backward returns only after
 its all-reduce futures complete). Micro-steps alternate between `run.no_sync` (forward,
-backward without the gradient all-reduce) and full steps (forward, backward with it,
-clip, optimizer):
+backward without the gradient all-reduce, then the gradients cleared, untimed) and full
+steps (forward, backward with it, clip, optimizer), so both kinds of backward start from
+cleared gradients, as every step of train.py (grad_accum 1) does:
   all-reduce wait = median backward with sync - median backward without,
 the part of the all-reduce that DDP could not hide behind the backward pass, including
 waiting for a slower rank; a barrier after each no-sync backward measures that wait
@@ -112,8 +113,12 @@ def worker(args: argparse.Namespace) -> None:
                 run.barrier()
                 t3 = time.perf_counter()
                 record["skew"] = t3 - t2 - record["backward_nosync"]
+                # Untimed: the next (synced) backward then starts from cleared gradients, as each of train.py's
+                # steps does. Left in place, it would add this one into them, and on the first sync DDP would copy
+                # them into its buckets: work no train.py step does, which used to count as all-reduce wait.
+                optimizer.zero_grad(set_to_none=True)
             if sync:
-                torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+                run.clip_grad_norm_(1.0)  # train.py's clip (fused into the optimizer's step where it can be)
                 t4 = time.perf_counter()
                 optimizer.step()
                 scheduler.step()
