@@ -78,7 +78,7 @@ def test_once_loaded_the_op_loads_without_importing_deepspeed():
 
 
 @needs_shm
-def test_deepspeeds_import_prints_no_accelerator_guess_on_the_ranks_console(tmp_path):
+def test_deepspeeds_import_prints_no_accelerator_guess_on_the_ranks_console():
     # Every rank that builds or first loads the op imports DeepSpeed, which otherwise prints a [WARNING] that it
     # "was unable to detect" a GPU. Told the accelerator, it prints nothing; the environment is put back after.
     code = ("import os; from corecpu.distributed.shm_allreduce import import_builder; b = import_builder(); "
