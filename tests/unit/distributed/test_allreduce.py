@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -14,6 +17,7 @@ from corecpu.distributed.allreduce import MpiGradientAllreduce, apply_wait_mode,
 from corecpu.distributed.comm_thread import comm_cpu_of
 from corecpu.errors import CoreCPUError
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
+from helpers.common import ROOT
 
 LAUNCHER_ENVS = {
     "intel-mpi": {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"},
@@ -190,28 +194,40 @@ def test_the_comm_thread_cpu_comes_from_the_environment_it_is_given():
     assert comm_cpu_of({"CORECPU_COMM_CPU": ""}) is None and comm_cpu_of({}) is None
 
 
+# In a child process that leaves with os._exit: with the bf16 wire, gloo's worker thread may still be releasing the
+# hook's Python callback (it needs the GIL) when the test's last reference to the DDP goes, and the Reducer's
+# destructor joins that thread while holding the GIL. torch deadlocks there (it hung a CI run once); a real run
+# drops its DDP many collectives after its last backward, never inside that window.
+_WIRE_CHILD = """
+import os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from corecpu.distributed.allreduce import ProcessGroupAllreduce
+wire = sys.argv[1]
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+layer = torch.nn.Linear(8, 8)
+ddp = DistributedDataParallel(layer)
+ProcessGroupAllreduce(wire).register(ddp)
+x = torch.randn(4, 8)
+ddp(x).square().sum().backward()
+reference = torch.nn.Linear(8, 8)
+reference.load_state_dict(layer.state_dict())
+reference(x).square().sum().backward()
+expected = reference.weight.grad if wire == "fp32" else reference.weight.grad.to(torch.bfloat16).float()
+print(torch.equal(layer.weight.grad, expected), torch.equal(layer.weight.grad, reference.weight.grad), flush=True)
+os._exit(0)
+"""
+
+
 @pytest.mark.parametrize("wire", ["fp32", "bf16"])
 def test_ddp_on_gloo_takes_the_wire_dtype_on_a_cpu_only_torch(wire):
     """torch refuses its bf16_compress_hook by name without CUDA or XPU; corecpu's registration must still work
     on CPU, and bf16 on the wire must round the averaged gradient to bf16 (one rank: the gradient itself)."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from corecpu.distributed.allreduce import ProcessGroupAllreduce
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        layer = torch.nn.Linear(8, 8)
-        ddp = DistributedDataParallel(layer)
-        ProcessGroupAllreduce(wire).register(ddp)
-        x = torch.randn(4, 8)
-        ddp(x).square().sum().backward()
-        reference = torch.nn.Linear(8, 8)
-        reference.load_state_dict(layer.state_dict())
-        reference(x).square().sum().backward()
-        expected = reference.weight.grad if wire == "fp32" else reference.weight.grad.to(torch.bfloat16).float()
-        assert torch.equal(layer.weight.grad, expected)
-        assert wire == "fp32" or not torch.equal(layer.weight.grad, reference.weight.grad)
-    finally:
-        dist.destroy_process_group()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    child = subprocess.run([sys.executable, "-c", _WIRE_CHILD, wire], cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"},
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr[-3000:]
+    as_expected, unchanged = child.stdout.split()
+    assert as_expected == "True"  # fp32: the gradient itself; bf16: it, rounded to bf16
+    assert unchanged == ("True" if wire == "fp32" else "False")  # the bf16 rounding did happen
