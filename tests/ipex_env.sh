@@ -58,7 +58,7 @@ EOF
   "${pip[@]}" --no-deps "$cache/wheels/torch-$TORCH-"*.whl >&2
   "${pip[@]}" --no-deps "intel-extension-for-pytorch==$IPEX" psutil packaging >&2
   # corecpu's runtime dependencies minus torch (naming torch would make pip resolve triton again),
-  # plus pytest; the checkout itself is used through PYTHONPATH, not installed.
+  # plus pytest and pytest-timeout; the checkout itself is used through PYTHONPATH, not installed.
   "$env/bin/python" - "$here/pyproject.toml" torch "${PULLS_TORCH[@]}" > "$env/corecpu-deps.txt" <<'EOF'
 import re, sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
@@ -68,6 +68,7 @@ for req in project["dependencies"] + project["optional-dependencies"]["mpi"]:  #
         # IPEX 2.8 imports transformers.modeling_attn_mask_utils, gone since transformers 5.24
         print(req.split("#")[0].strip() + (",<5.24" if name == "transformers" else ""))
 print("pytest>=8")
+print("pytest-timeout>=2.2")  # pyproject's [tool.pytest.ini_options] sets a timeout for every tier
 EOF
   "${pip[@]}" -r "$env/corecpu-deps.txt" >&2
   "${pip[@]}" --no-deps "${PULLS_TORCH[@]}" >&2
