@@ -443,6 +443,9 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
         raise CoreCPUError(f"setup() has no option {unknown[0]!r}; options are "
                            f"{', '.join(f.name for f in dataclasses.fields(RunOptions))}")
     opts = dataclasses.replace(options or RunOptions(), **overrides).validate()
+    # A rank's accelerator is its CPU. Where DeepSpeed is installed, whatever imports it (the shm op; accelerate's
+    # unwrap inside save_pretrained, for a DDP model) would otherwise print that it "was unable to detect" a GPU.
+    env.setdefault("DS_ACCELERATOR", "cpu")
     info = detect_launcher(env)
     if info.rank == 0:  # at once: what follows (process group, all-reduce timing) can take a while
         print(f"corecpu {info.world_size} rank(s) via {info.label}: setting up", flush=True)

@@ -13,7 +13,8 @@ def one_process(monkeypatch, tmp_path):
     """A one-process run (fp32, one thread, no IPEX) with a private cache; the environment and torch's thread
     count as they were afterwards."""
     monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("OMP_NUM_THREADS", "CORECPU_THREADS_DECISION"):  # setup() sets them; monkeypatch restores
+    # setup() sets these; monkeypatch restores them
+    for name in ("OMP_NUM_THREADS", "CORECPU_THREADS_DECISION", "DS_ACCELERATOR"):
         monkeypatch.setenv(name, "x")
         monkeypatch.delenv(name)
     threads = torch.get_num_threads()

@@ -4,6 +4,7 @@ Two ranks through it: tests/multiprocess/test_front_door.py."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def clean_env(monkeypatch):
     # setenv first so monkeypatch restores even variables that setup() creates (OMP_NUM_THREADS, ...).
     names = [n for env in LAUNCHER_ENVS.values() for n in env]
     for name in names + ["OMP_NUM_THREADS", "CORECPU_THREADS_DECISION", "CORECPU_BOUND_CPUS", "MASTER_ADDR",
-                         "MASTER_PORT"]:
+                         "MASTER_PORT", "DS_ACCELERATOR"]:
         monkeypatch.setenv(name, "x")
         monkeypatch.delenv(name)
     threads = torch.get_num_threads()
@@ -50,6 +51,15 @@ def test_setup_reads_each_launcher_once_without_a_process_group(clean_env, launc
         assert d["sparse_embedding_allreduce"] == "off (single process)"  # nothing to all-reduce
         assert run.threads >= 1 and str(run.threads) in d["threads"]
         assert run.resolved()["precision"] == "fp32"
+
+
+def test_deepspeed_is_told_the_cpu_is_the_accelerator_unless_the_user_said(clean_env):
+    # Otherwise any DeepSpeed import on a rank (accelerate's unwrap when saving a DDP model) prints a GPU warning.
+    with corecpu.setup(precision="fp32", ipex="off"):
+        assert os.environ["DS_ACCELERATOR"] == "cpu"
+    clean_env.setenv("DS_ACCELERATOR", "xpu")
+    with corecpu.setup(precision="fp32", ipex="off"):
+        assert os.environ["DS_ACCELERATOR"] == "xpu"
 
 
 def test_run_is_frozen(clean_env):
