@@ -50,6 +50,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=6, help="first micro-steps not timed")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--allreduce", choices=("auto", "gloo", "mpi"), default="auto")
+    p.add_argument("--shard-optimizer", choices=("auto", "shm", "off"), default="off",
+                   help="shm: the optimizer sharded through shared memory instead of DDP's all-reduce")
     p.add_argument("--out", type=Path, default=None, help="JSON of the per-rank medians")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
@@ -74,7 +76,7 @@ def worker(args: argparse.Namespace) -> None:
     from corecpu.training.modeling import load_model, load_tokenizer, optimizer_groups
 
     model_spec = {"minilm": "default"}.get(args.model, args.model)
-    with corecpu.setup(precision=args.precision, allreduce=args.allreduce) as run:
+    with corecpu.setup(precision=args.precision, allreduce=args.allreduce, shard_optimizer=args.shard_optimizer) as run:
         world = run.world_size
         tokenizer = load_tokenizer(model_spec)
         data = load_data(args.data, split="train")

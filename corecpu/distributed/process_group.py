@@ -454,6 +454,14 @@ def gather_objects(obj: object) -> list:
     return out
 
 
+def broadcast_from_rank0(tensors: Iterable[torch.Tensor]) -> None:
+    """Rank 0's values of `tensors`, in place on every rank (no-op for one process)."""
+    if dist.is_initialized():
+        with torch.no_grad():
+            for t in tensors:
+                dist.broadcast(t, 0)
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

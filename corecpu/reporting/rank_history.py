@@ -31,7 +31,7 @@ MARGIN = 0.05  # another rank count must be this much faster before a run is tol
 # The precision asked for, not the one resolved: the launcher's `auto` looks a job up before any rank resolves it
 # (on one machine `auto` resolves alike, from the cached calibration).
 SHAPE_FLAGS = ("task", "model", "data", "max_seq_len", "group_by_length", "pad_to_multiple_of", "lora_r",
-               "precision", "compile", "attention", "allreduce", "allreduce_dtype", "backend")
+               "precision", "compile", "attention", "allreduce", "allreduce_dtype", "backend", "shard_optimizer")
 
 
 @dataclass(frozen=True)

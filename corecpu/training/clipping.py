@@ -26,11 +26,14 @@ where the fused step's g / (1/c) and the rows' norm differ from it in the last b
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 import torch
 
 from corecpu.errors import CoreCPUError
+
+if TYPE_CHECKING:
+    from corecpu.distributed.shared_adamw import SharedAdamW
 
 
 class RowSource(Protocol):
@@ -57,15 +60,18 @@ class GradientClipper:
     scale into `optimizer`'s step where it can (see the module docstring). One per wrapped model."""
 
     def __init__(self, parameters: Iterable[torch.nn.Parameter], optimizer: torch.optim.Optimizer | None,
-                 rows: Iterable[RowSource] = (), kernel: str = "fused") -> None:
+                 rows: Iterable[RowSource] = (), kernel: str = "fused", shared: SharedAdamW | None = None) -> None:
+        """`shared`: the optimizer sharded through shared memory; the norm is then its summed gradients'
+        (each rank's slice, one scalar all-reduce) and the scale goes into its step, whatever `kernel` says."""
         if kernel not in GRAD_CLIP_CHOICES:
             raise CoreCPUError(f"grad_clip must be one of {', '.join(GRAD_CLIP_CHOICES)}, got {kernel!r}")
         self.parameters = [p for p in parameters if p.requires_grad]
         self.optimizer = optimizer
         self.rows = list(rows)  # the first that vouches for a gradient is used
         self.kernel = kernel
+        self.shared = shared
         self._updated = ({id(p) for g in optimizer.param_groups for p in g["params"]}
-                         if kernel == "fused" and folds_into(optimizer) else set())
+                         if kernel == "fused" and folds_into(optimizer) and shared is None else set())
         self.folded = False  # whether the last call left its scale to the optimizer's step
         if self._updated:
             optimizer.register_step_post_hook(self._forget_scale)  # type: ignore[union-attr]
@@ -73,6 +79,12 @@ class GradientClipper:
     def __call__(self, max_norm: float, fold: bool = True) -> torch.Tensor:
         """The gradients' total 2-norm before clipping (a 0-d tensor); scales them by max_norm / (norm + 1e-6)
         where that is below 1: in the optimizer's next step when `fold` and it can, else now."""
+        if self.shared is not None:
+            total = self.shared.grad_norm()
+            coefficient = torch.clamp(max_norm / (total + _EPS), max=1.0)
+            self.shared.coefficient = None if coefficient.item() == 1.0 else coefficient
+            self.folded = self.shared.coefficient is not None
+            return total
         if self.kernel == "torch":
             return torch.nn.utils.clip_grad_norm_(self.parameters, max_norm)
         grads = [p.grad for p in self.parameters if p.grad is not None]
@@ -93,6 +105,9 @@ class GradientClipper:
 
     def describe(self) -> str:
         """config.json's `decisions` entry: where the scale is applied, and why."""
+        if self.shared is not None:
+            return ("shm (the norm of the ranks' summed gradients from each rank's slice; the scale inside the "
+                    "sharded fused step)")
         if self.kernel == "torch":
             return "torch (requested: torch.nn.utils.clip_grad_norm_, its rounding bit for bit)"
         if self._updated:

@@ -55,6 +55,7 @@ from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import gradient_path, mpi_init
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
+from corecpu.distributed.shared_adamw import SharedAdamW, decide as decide_shard, unsupported as unsupported_shard
 from corecpu.distributed.sparse_rows import SparseChoice
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog
@@ -177,6 +178,8 @@ class Run:
             "grad_clip": (wrapped.clipper.describe() if (wrapped := self._wrapped.get()) and wrapped.clipper
                           else f"{self.options.grad_clip} (settled when the model is wrapped)"),
             "embedding_grad": str(wrapped.embedding_grad) if wrapped else "settled when the model is wrapped",
+            "shard_optimizer": (str(wrapped.shard) if wrapped
+                                else f"{self.options.shard_optimizer} (settled when the model is wrapped)"),
         }
 
     def banner(self) -> list[str]:
@@ -184,8 +187,12 @@ class Run:
         p = self.precision
         ipex = ("off" if self.ipex is None else f"ipex.optimize applied ({p.name if p else '?'}); {self.ipex.reason}"
                 if self.ipex.usable else self.ipex.reason)
+        wrapped = self._wrapped.get()
+        grads = (f"gradient all-reduce {self.allreduce} ({self.allreduce_reason})"
+                 if wrapped is None or wrapped.shard.name != "shm" else
+                 f"no gradient all-reduce: optimizer sharded through shared memory ({wrapped.shard.reason})")
         return [f"corecpu {self.world_size} rank(s) via {self.launch.label}; backend {self.backend} "
-                f"({self.backend_reason}); gradient all-reduce {self.allreduce} ({self.allreduce_reason})",
+                f"({self.backend_reason}); {grads}",
                 f"precision {self.describe()['precision']}; {self.threads} thread(s) per rank ({self.threads_reason}); "
                 f"ipex: {ipex}; compile {'on' if self.options.compile else 'off'}; attention {self.attention}; "
                 f"dropout {self.dropout.name}; allocator {self.allocator}"]
@@ -216,6 +223,9 @@ class Run:
         # Resolved choices as they stand once the precision is settled: what a resume compares.
         resolved = {**self.resolved(), "precision": precision.name, "bf16_speedup": precision.bf16_speedup,
                     "source": precision.source, "attention": attention.name, "dropout": dropout.name}
+        shard = decide_shard(self.options.shard_optimizer, unsupported_shard(
+            optimizer, model, world=self.world_size, local_world=self.launch.local_world_size, use_ipex=self.uses_ipex,
+            named=self.options.named_ddp_choice()))
         wrapped, optimizer = wrap_model(
             model, optimizer, scheduler, precision=precision, dropout=dropout, checkpoint=checkpoint,
             restore=lambda ckpt: ckpt.restore(model, optimizer, scheduler, resolved=resolved, is_main=self.is_main,
@@ -223,7 +233,7 @@ class Run:
             use_ipex=self.uses_ipex, compile=self.options.compile,
             ddp_hook=self._gradient_path if self.world_size > 1 else None,
             sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype,
-            grad_clip=self.options.grad_clip)
+            grad_clip=self.options.grad_clip, shard=shard, share=self._shared_step)
         self._wrapped.set(dataclasses.replace(wrapped, attention=attention))
         return wrapped.model, optimizer
 
@@ -233,6 +243,12 @@ class Run:
         if wrapped is None or wrapped.clipper is None:
             raise CoreCPUError("clip_grad_norm_() clips the wrapped model's gradients: call run.wrap() first")
         return wrapped.clipper(max_norm)
+
+    def _shared_step(self, optimizer: torch.optim.Optimizer, rows: Sequence[Any]) -> SharedAdamW:
+        """The optimizer step sharded through shared memory (collective; every rank on this host)."""
+        return SharedAdamW(optimizer, rank=self.rank, world=self.world_size, barrier=_pg.barrier,
+                           sum_scalar=lambda x: _pg.all_reduce_sum([x])[0],
+                           share_tag=lambda tag: _pg.gather_objects(tag)[0], rows=rows)
 
     def _gradient_path(self) -> GradientAllreduce:
         """The path setup() measured and kept, else a new one of the chosen kind (released at close)."""

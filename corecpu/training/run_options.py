@@ -15,6 +15,7 @@ from typing import Any
 from corecpu.compute import ATTENTION_CHOICES, DROPOUT_CHOICES, IPEX_CHOICES, PRECISIONS
 from corecpu.cpu.sharing import BINDING_CHOICES
 from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, SPARSE_EMBEDDING_CHOICES
+from corecpu.distributed.shared_adamw import SHARD_CHOICES
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GRAD_CLIP_CHOICES
 
@@ -46,6 +47,12 @@ class RunOptions:
                                           "touched, not the whole tensor (same sums; MiniLM: about half the bytes "
                                           "per step); auto: where that embedding is trainable, untied and has at "
                                           "least 4096 rows", choices=SPARSE_EMBEDDING_CHOICES)
+    shard_optimizer: str = opt("auto", "auto: with every rank on one host, no DDP all-reduce: gradients accumulate "
+                               "in /dev/shm, each rank sums a 1/N slice over the ranks and runs the fused AdamW "
+                               "step on that slice of weights and moments kept once in /dev/shm (DDP where it "
+                               "cannot: ranks on several hosts, another optimizer, IPEX, too little /dev/shm, or a "
+                               "DDP choice named: --backend, --allreduce, --grad-clip torch...); shm: that or an "
+                               "error; off: DDP", choices=SHARD_CHOICES)
     attention: str = opt("auto", "attention kernel of a Hugging Face model: sdpa (transformers' default), eager, or "
                          "auto: each timed on one training step of the model at the loader's batch shape (once per "
                          "CPU, cached) and eager kept only where it was at least 1.03x as fast", choices=ATTENTION_CHOICES)
@@ -67,6 +74,16 @@ class RunOptions:
     dist_timeout: float = opt(120.0, "seconds to wait for all ranks at start-up before failing with a clear error")
     step_timeout: float = opt(300.0, "after the first step, seconds without progress from any rank before the job "
                               "ends naming the ranks that stopped (raised to several times the slowest step seen)")
+
+    def named_ddp_choice(self) -> str:
+        """The first choice made by name that only DDP's gradients honour (so `shard_optimizer auto` keeps DDP):
+        a backend, a gradient path, a wire dtype, the sparse embedding rows, torch's clip bit for bit."""
+        for name, default in (("backend", "auto"), ("allreduce", "auto"), ("allreduce_dtype", "fp32"),
+                              ("sparse_embedding_allreduce", "auto"), ("grad_clip", "fused")):
+            value = getattr(self, name)
+            if value != default and not (name == "sparse_embedding_allreduce" and value == "off"):
+                return f"--{name.replace('_', '-')} {value}"
+        return ""
 
     def validate(self, flags: bool = False) -> "RunOptions":
         """One CoreCPUError line for the first bad option; `flags` names them as command-line flags."""

@@ -7,6 +7,7 @@
     -> the word embedding's gradient kept between steps (corecpu.compute.embedding_grad)
     -> DDP with the chosen gradient path
        (the word embedding's gradient, where sparse_rows applies, outside DDP's buckets: its touched rows)
+       or, every rank on one host, no DDP: the optimizer sharded through shared memory (shared_adamw)
 
 `Wrapped` is that result, frozen; wrap() creates it once and the run's steps read it (the model whose
 gradients they sync, the checkpointer they save through on a stop signal, the resume position).
@@ -31,7 +32,8 @@ from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recyc
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
-from corecpu.distributed.process_group import gather_objects
+from corecpu.distributed.process_group import broadcast_from_rank0, gather_objects
+from corecpu.distributed.shared_adamw import ShardChoice, SharedAdamW
 from corecpu.distributed.sparse_rows import SparseChoice, SparseRows, decide as decide_sparse
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_state import LoopState
@@ -59,6 +61,8 @@ class Wrapped:
     dropout: DropoutChoice = DropoutChoice("torch", "not decided")  # the dropout kernel inside the forward
     clipper: GradientClipper | None = None  # run.clip_grad_norm_: the model's gradients, the optimizer wrap() returned
     embedding_grad: EmbeddingGradChoice = EmbeddingGradChoice("torch", "not decided")  # the word embedding's backward
+    shard: ShardChoice = ShardChoice("off", "not decided")  # the optimizer sharded through shared memory, or DDP
+    shared: SharedAdamW | None = None  # its step when on
 
     @property
     def resumed(self) -> LoopState | None:
@@ -132,9 +136,12 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
                precision: PrecisionChoice, dropout: DropoutChoice, checkpoint: Checkpoints | None,
                restore: Callable[[Checkpoints], None], use_ipex: bool, compile: bool,
                ddp_hook: Callable[[], Any] | None, sparse_embedding: str = "off",
-               wire: str = "fp32", grad_clip: str = "fused") -> tuple[Wrapped, torch.optim.Optimizer | None]:
+               wire: str = "fp32", grad_clip: str = "fused", shard: ShardChoice = ShardChoice("off", "not asked"),
+               share: Callable[[torch.optim.Optimizer, list[Any]], SharedAdamW] | None = None
+               ) -> tuple[Wrapped, torch.optim.Optimizer | None]:
     """Apply the steps in the module docstring's order. `restore(checkpoint)` loads the resume point into the
     plain model and optimizer; `ddp_hook()` (None for one process) gives the gradient path to register.
+    `shard` on (shm): `share(optimizer, row sources)` makes the shared step instead of DDP (decided on the plain model).
     `sparse_embedding` auto|on|off: the word embedding's touched rows outside DDP (sparse_rows), sent as `wire`.
     `grad_clip` fused|torch: where the clipper applies its scale (corecpu.training.clipping)."""
     if checkpoint is not None:
@@ -150,8 +157,15 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         # Dynamic: padded lengths change from batch to batch; bucketed lengths keep shapes few anyway.
         model = torch.compile(model, dynamic=True)  # type: ignore[assignment]
     embedding_grad, recycled = recycle_embedding_grad(unwrap(model), compile=compile, use_ipex=use_ipex)
-    sparse, rows = SparseChoice("off", "single process"), None
-    if ddp_hook is not None:
+    sparse, rows, shared = SparseChoice("off", "single process"), None, None
+    if shard.name == "shm" and share is not None and optimizer is not None:
+        # No DDP: rank 0's trained weights reach every rank through the shared buffers, its buffers and frozen
+        # weights by broadcast (as DDP's construction does), and no gradient is all-reduced.
+        _broadcast_untrained(model)
+        shared = share(optimizer, [recycled] if recycled else [])
+        model.register_forward_pre_hook(shared.attach_grads)  # after zero_grad(set_to_none=True)
+        sparse = SparseChoice("off", "the optimizer is sharded through shared memory: no all-reduce")
+    elif ddp_hook is not None:
         # Broadcasting buffers costs a collective before every forward; only running statistics
         # (batch norm) change during training, and only they need rank 0's copy each step.
         # Gradients written straight into the all-reduce buckets save a copy of every gradient.
@@ -170,8 +184,10 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
-                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer, [s for s in (rows, recycled) if s], grad_clip),
-                   embedding_grad=embedding_grad), optimizer
+                   dropout=dropout, clipper=GradientClipper(model.parameters(), optimizer,
+                                                            [s for s in (rows, recycled) if s], grad_clip,
+                                                            shared=shared),
+                   embedding_grad=embedding_grad, shard=shard, shared=shared), optimizer
 
 
 def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
@@ -188,6 +204,16 @@ def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
         checksum = [(float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p))) for _, p in frozen]
     if len({tuple(c) for c in gather_objects(checksum)}) == 1:  # reading pages shares them; writing would not
         _ignore_in_ddp(model, [n for n, _ in frozen])
+
+
+def _broadcast_untrained(model: torch.nn.Module) -> None:
+    """Collective: rank 0's buffers and frozen weights on every rank, as DDP's construction broadcasts them;
+    frozen weights whose checksums already agree on every rank are left as they are (shared pages)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    with torch.no_grad():
+        checksum = [(float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p))) for p in frozen]
+    agreed = len({tuple(c) for c in gather_objects(checksum)}) == 1
+    broadcast_from_rank0([*model.buffers(), *([] if agreed else frozen)])
 
 
 def _ignore_in_ddp(model: torch.nn.Module, names: list[str]) -> None:
