@@ -266,14 +266,31 @@ class SharedAdamW:
             beta1, beta2 = group["betas"]
             kernel = (torch._fused_adamw_ if isinstance(optimizer, torch.optim.AdamW)
                       or group.get("decoupled_weight_decay") else torch._fused_adam_)
-            kernel([self.weights[a:b]], [self.summed[a - self.lo:b - self.lo]], [self.exp_avg[a:b]],
-                   [self.exp_avg_sq[a:b]], [], [steps[0]], lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2),
-                   weight_decay=float(group["weight_decay"]), eps=float(group["eps"]), amsgrad=False,
-                   maximize=False, grad_scale=scale, found_inf=None)
+            for lo, hi, step in self._runs(params_of_group, steps, start, a, b):
+                kernel([self.weights[lo:hi]], [self.summed[lo - self.lo:hi - self.lo]], [self.exp_avg[lo:hi]],
+                       [self.exp_avg_sq[lo:hi]], [], [step], lr=float(group["lr"]), beta1=float(beta1),
+                       beta2=float(beta2), weight_decay=float(group["weight_decay"]), eps=float(group["eps"]),
+                       amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
         # The optimizer's own step finds no gradient and does nothing; _post_step gives them back.
         self._hidden = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
+
+    @staticmethod
+    def _runs(params: Sequence[torch.nn.Parameter], steps: Sequence[torch.Tensor], start: int, a: int, b: int
+              ) -> list[tuple[int, int, torch.Tensor]]:
+        """[a, b) of a group starting at `start`, as (lo, hi, step) runs for the kernel: one run where every
+        parameter has stepped alike (always, unless a loaded state had some parameter step less), else one per
+        parameter, each with its own step for the bias correction."""
+        if all(float(s) == float(steps[0]) for s in steps):
+            return [(a, b, steps[0])]
+        runs, offset = [], start
+        for p, step in zip(params, steps):
+            lo, hi = max(offset, a), min(offset + p.numel(), b)
+            if lo < hi:
+                runs.append((lo, hi, step))
+            offset += p.numel()
+        return runs
 
     def _post_step(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         for p, g in zip(self.params, self._hidden):

@@ -3,6 +3,7 @@ this process: the same steps as DDP's mean gradient, torch's clip and torch's fu
 
 from __future__ import annotations
 
+import copy
 import threading
 from pathlib import Path
 from typing import Callable
@@ -248,3 +249,45 @@ def test_a_ddp_choice_made_by_name_keeps_ddp_under_auto():
     assert RunOptions(allreduce_dtype="bf16").named_ddp_choice() == "--allreduce-dtype bf16"
     assert RunOptions(sparse_embedding_allreduce="on").named_ddp_choice() == "--sparse-embedding-allreduce on"
     assert RunOptions(grad_clip="torch").named_ddp_choice() == "--grad-clip torch"
+
+
+def test_a_loaded_state_whose_parameters_stepped_unequally_keeps_each_ones_bias_correction(tmp_path):
+    xs = batches()
+    model0 = make_model()
+    optimizer0 = make_optimizer(model0)
+    model0(xs[0, 0]).pow(2).mean().backward()
+    model0[2].bias.grad = None  # this parameter sits the first step out: its step stays behind the others'
+    optimizer0.step()
+    saved = optimizer0.state_dict()
+    weights = {k: v.clone() for k, v in model0.state_dict().items()}
+
+    def continued(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> None:
+        model(xs[rank, 1]).pow(2).mean().backward()
+
+    # DDP's arithmetic: the mean of both ranks' second-step gradients, torch's fused AdamW with per-parameter steps.
+    ref = make_model()
+    ref.load_state_dict(weights)
+    ref_opt = make_optimizer(ref)
+    ref_opt.load_state_dict(copy.deepcopy(saved))  # load_state_dict keeps the tensors it is given
+    grads = []
+    for rank in range(WORLD):
+        ref.zero_grad(set_to_none=True)
+        continued(ref, ref_opt, rank)
+        grads.append([p.grad.clone() for p in ref.parameters()])
+    for p, *gs in zip(ref.parameters(), *grads):
+        p.grad = sum(gs) / WORLD
+    ref_opt.step()
+
+    def rank_body(rank: int, group: Group, model: torch.nn.Module) -> list[torch.Tensor]:
+        model.load_state_dict(weights)
+        optimizer = make_optimizer(model)
+        optimizer.load_state_dict(copy.deepcopy(saved))
+        shared = shared_for(rank, group, optimizer, tmp_path)
+        model.register_forward_pre_hook(shared.attach_grads)
+        continued(model, optimizer, rank)
+        optimizer.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    for weights_after in run_ranks(rank_body):
+        for got, expected in zip(weights_after, ref.parameters()):
+            torch.testing.assert_close(got, expected.detach(), rtol=2e-6, atol=2e-7)
