@@ -133,13 +133,14 @@ class SharedAdamW:
         self.optimizer, self.rank, self.world = optimizer, rank, world
         self._barrier, self._sum_scalar = barrier, sum_scalar
         self.params: list[torch.nn.Parameter] = []
-        self._groups: list[tuple[dict[str, Any], int, int]] = []  # (param group, first element, end)
+        # (param group, its trained parameters, first element, end)
+        self._groups: list[tuple[dict[str, Any], list[torch.nn.Parameter], int, int]] = []
         offset = 0
         for group in optimizer.param_groups:
             trained = [p for p in group["params"] if p.requires_grad]
             self.params += trained
-            self._groups.append((group, offset, offset + sum(p.numel() for p in trained)))
-            offset = self._groups[-1][2]
+            self._groups.append((group, trained, offset, offset + sum(p.numel() for p in trained)))
+            offset = self._groups[-1][3]
         self.numel = offset
         self.lo, self.hi = offset * rank // world, offset * (rank + 1) // world  # this rank's slice
         names = ["weights", *_MOMENTS, *(f"grad{k}" for k in range(world))]
@@ -254,9 +255,8 @@ class SharedAdamW:
         self.reduce()
         # The clip's scale inside the kernel; without one the kernel need not write the gradient back.
         scale = None if self.coefficient is None else self.coefficient.to(torch.float32).reciprocal()
-        for group, start, end in self._groups:
+        for group, params_of_group, start, end in self._groups:
             a, b = max(start, self.lo), min(end, self.hi)
-            params_of_group = [p for p in group["params"] if p.requires_grad]
             if not params_of_group:
                 continue
             steps = [optimizer.state[p]["step"] for p in params_of_group]

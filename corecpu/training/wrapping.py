@@ -200,20 +200,22 @@ def _keep_frozen_weights_shared(model: torch.nn.Module) -> None:
     frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
     if not frozen:
         return
-    with torch.no_grad():
-        checksum = [(float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p))) for _, p in frozen]
-    if len({tuple(c) for c in gather_objects(checksum)}) == 1:  # reading pages shares them; writing would not
+    if _agree_on_every_rank([p for _, p in frozen]):  # reading pages shares them; writing would not
         _ignore_in_ddp(model, [n for n, _ in frozen])
+
+
+def _agree_on_every_rank(tensors: list[torch.Tensor]) -> bool:
+    """Collective: whether every rank holds the same values of `tensors`, by checksum (sum and 2-norm)."""
+    with torch.no_grad():
+        checksum = [(float(t.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(t))) for t in tensors]
+    return len({tuple(c) for c in gather_objects(checksum)}) == 1
 
 
 def _broadcast_untrained(model: torch.nn.Module) -> None:
     """Collective: rank 0's buffers and frozen weights on every rank, as DDP's construction broadcasts them;
     frozen weights whose checksums already agree on every rank are left as they are (shared pages)."""
     frozen = [p for p in model.parameters() if not p.requires_grad]
-    with torch.no_grad():
-        checksum = [(float(p.sum(dtype=torch.float64)), float(torch.linalg.vector_norm(p))) for p in frozen]
-    agreed = len({tuple(c) for c in gather_objects(checksum)}) == 1
-    broadcast_from_rank0([*model.buffers(), *([] if agreed else frozen)])
+    broadcast_from_rank0([*model.buffers(), *([] if _agree_on_every_rank(frozen) else frozen)])
 
 
 def _ignore_in_ddp(model: torch.nn.Module, names: list[str]) -> None:
