@@ -36,7 +36,6 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, TypeVar
 
 import torch
@@ -46,7 +45,7 @@ from corecpu.distributed import BACKENDS
 from corecpu.distributed.ccl_env import apply_ccl_env
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import CCL, Extension, ccl_installed, ccl_status, installed_version
-from corecpu.cluster import job_records
+from corecpu.cluster import ccl_shm, job_records
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.cluster.listeners import listen_on, wildcard_listener_on
 
@@ -436,25 +435,8 @@ def teardown() -> None:
     if dist.is_available() and dist.is_initialized() and _made is not None and dist.group.WORLD is _made:
         dist.destroy_process_group()
         if "oneccl_bindings_for_pytorch" in sys.modules:
-            remove_ccl_shm()
+            ccl_shm.remove_regions()  # oneCCL never unlinks them (ccl_shm)
     _made = None
-
-
-def remove_ccl_shm(pid: int | None = None, shm_dir: Path = Path("/dev/shm")) -> list[str]:
-    """Remove this process's oneCCL shared-memory regions (`<pid>:0:0` in /dev/shm, 64 MB each; its libfabric's).
-    oneCCL never unlinks them, even when a job ends normally: every rank of every ccl job left one behind (445
-    files, 11 GB of RAM, on a development machine). Once the group is destroyed no collective needs the name, and
-    a mapping outlives its name. The names removed."""
-    pid = os.getpid() if pid is None else pid
-    removed = []
-    for path in shm_dir.glob(f"{pid}:*"):
-        try:
-            if path.is_file() and path.stat().st_uid == os.getuid():
-                path.unlink()
-                removed.append(path.name)
-        except OSError:
-            continue
-    return removed
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Mapping, NoReturn, Sequence
 
 from corecpu import envvars
-from corecpu.cluster import job_records
+from corecpu.cluster import ccl_shm, job_records
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.cluster.listeners import close_inherited_wildcard_listeners
 from corecpu.cpu.node_plan import plan_backend, plan_binding, plan_rank, rank_environment
@@ -175,6 +175,7 @@ def exec_supervised(cmd: list[str], env: dict[str, str], rank: int) -> NoReturn:
     code = os.waitstatus_to_exitcode(status)  # -N: killed by signal N
     if code:
         job_records.note(env, rank, "ended", f"signal {-code}" if code < 0 else f"exit {code}")
+        ccl_shm.remove_regions(child)  # a rank that crashed or was killed did not remove its own
     # As a shell reports it: mpiexec.hydra would print a "BAD TERMINATION" block for a rank killed by a signal,
     # while `corecpu launch` names the rank in one line.
     os._exit(128 - code if code < 0 else code)

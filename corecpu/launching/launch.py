@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, NoReturn, Sequence
 
 from corecpu import address_space, envvars
+from corecpu.cluster import ccl_shm, job_records
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.placement import PlanRequest, make_plan
 from corecpu.cpu.sharing import decide_binding, gather_evidence
@@ -254,6 +255,10 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     on another host included) and the exit code is EXIT_HUNG. Nothing of the job outlives this.
     Returns the launcher's exit code (128+N if a signal killed it).
     """
+    stale = ccl_shm.remove_stale_regions()
+    if stale:
+        _say(f"corecpu launch: removed {len(stale)} oneCCL shared-memory region(s) from /dev/shm that ended jobs "
+             f"had left ({', '.join(stale[:4])}{', ...' if len(stale) > 4 else ''})")
     job_dir = job_watch.make_job_dir()
     env = {**env, envvars.LAUNCHER_PID: str(os.getpid()), envvars.JOB_DIR: str(job_dir)}
     job_watch.become_subreaper()
@@ -323,8 +328,17 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
     finally:
         for timer in timers:
             timer.cancel()
+        _remove_ranks_ccl_shm(job_dir)
         code = watch.finish(128 - code if code < 0 else code)
     return EXIT_HUNG if torn_down.is_set() and watch.code is None else code
+
+
+def _remove_ranks_ccl_shm(job_dir: Path) -> None:
+    """The oneCCL regions of this host's ranks that ended without removing them (killed with their supervisor)."""
+    host = socket.gethostname()
+    for rec in job_records.read(job_dir).values():
+        if rec.pid and rec.host == host and not ccl_shm.pid_alive(rec.pid):
+            ccl_shm.remove_regions(rec.pid)
 
 
 def _say(line: str) -> None:

@@ -121,8 +121,7 @@ def test_the_builtin_job_trains_on_ccl(tmp_path):
     shared-memory regions (`<pid>:0:0`, 64 MB each, which oneCCL leaves behind) removed as the ranks end."""
     job = run(tmp_path, 2, "--backend", "ccl", "--max-steps", "20", "--log-every", "1", "--progress", "off",
               name="builtin", timeout=600)
-    pids = [r["pid"] for r in json.loads((job.out / "topology.json").read_text())["ranks"]]
-    assert [p.name for pid in pids for p in Path("/dev/shm").glob(f"{pid}:*")] == []
+    assert _ccl_regions(r["pid"] for r in json.loads((job.out / "topology.json").read_text())["ranks"]) == []
     text = job.text()
     assert "backend ccl" in text and "gradient all-reduce ccl" in text and "model saved to" in text, text[-3000:]
     summary = json.loads((job.out / "summary.json").read_text())
@@ -151,7 +150,8 @@ def test_sigterm_on_ccl_checkpoints_and_exits_75(tmp_path):
     job = start(tmp_path, 2, *TINY, "--max-steps", "100000", "--log-every", "1", "--batch-size", "8",
                 "--backend", "ccl")
     wait_for_step(job, 5)
-    os.kill(rank_pids(job.marker)[1], signal.SIGTERM)
+    pids = rank_pids(job.marker)
+    os.kill(pids[1], signal.SIGTERM)
     rc, _ = job.wait(timeout=120)
     text = job.text()
     assert rc == EXIT_STOPPED, text[-3000:]
@@ -159,19 +159,23 @@ def test_sigterm_on_ccl_checkpoints_and_exits_75(tmp_path):
     assert len(found) == 1, text[-3000:]
     complete_checkpoint(job.out, int(found[0]))
     assert survivors(job.marker, within=10) == {}
+    assert _ccl_regions(pids.values()) == []
 
 
 def test_a_hung_rank_on_ccl_is_named(tmp_path):
     job = start(tmp_path, 2, *TINY, "--max-steps", "100000", "--log-every", "1", "--batch-size", "8",
                 "--backend", "ccl", "--step-timeout", "10", env=launch_env(MASTER_PORT=str(free_port())))
     wait_for_step(job, 5)
-    os.kill(rank_pids(job.marker)[1], signal.SIGSTOP)
+    pids = rank_pids(job.marker)
+    os.kill(pids[1], signal.SIGSTOP)
     rc, _ = job.wait(timeout=120)
     text = job.text()
     assert rc != 0, text[-3000:]
     named = re.findall(r"corecpu: error: rank 1 on (\S+) stopped responding at step (\d+)", text)
     assert len(named) == 1 and named[0][0] == socket.gethostname(), text[-3000:]
     assert survivors(job.marker, within=10) == {}
+    # The stopped rank was killed with its supervisor: the launcher removed its oneCCL region.
+    assert _ccl_regions(pids.values()) == []
 
 
 def test_ddp_stress_with_many_buckets_never_hangs_or_drifts(tmp_path):
@@ -191,3 +195,7 @@ def test_ddp_stress_with_many_buckets_never_hangs_or_drifts(tmp_path):
         assert got["backend"] == "ccl" and got["steps"] == steps and got["mismatches"] == [], got
         assert got["buckets"] >= 20, got  # many buckets, or the stress is not the one intended
         print(f"rank {rank}: {steps} steps, {got['buckets']} buckets, {got['seconds']:.0f} s")
+
+
+def _ccl_regions(pids) -> list[str]:
+    return [p.name for pid in pids for p in Path("/dev/shm").glob(f"{pid}:*")]

@@ -151,15 +151,3 @@ def test_rank0_alone_decides_and_every_rank_reads_its_answer():
     # Another rank never asks its own view (which could differ), it reads rank 0's.
     assert rank0_decides(store, 1, "k", ask("")) == "gloo: because" and asked == ["gloo: because"]
     assert rank0_decides(store, 0, "k2", ask("")) == "" and rank0_decides(store, 1, "k2", ask("x")) == ""
-
-
-def test_teardown_removes_this_process_s_oneccl_regions_and_nothing_else(tmp_path):
-    from corecpu.distributed.process_group import remove_ccl_shm
-
-    pid = 4242
-    for name in (f"{pid}:0:0", f"{pid}:1:0", f"{pid + 1}:0:0", f"x{pid}:0:0", "corecpu-abc-weights"):
-        (tmp_path / name).write_bytes(b"\\0")
-    (tmp_path / f"{pid}:dir").mkdir()
-    assert sorted(remove_ccl_shm(pid, tmp_path)) == [f"{pid}:0:0", f"{pid}:1:0"]
-    left = {p.name for p in tmp_path.iterdir()}
-    assert left == {f"{pid + 1}:0:0", f"{pid}:dir", "corecpu-abc-weights", f"x{pid}:0:0"}
