@@ -17,7 +17,6 @@ between jobs (features, model class, evaluation) is the task object, corecpu/tas
 from __future__ import annotations
 
 import torch
-from transformers import get_linear_schedule_with_warmup
 
 import corecpu
 from corecpu.data.tokenized import pop_meta
@@ -25,6 +24,7 @@ from corecpu.reporting.reporter import Reporter
 from corecpu.reporting.trackers import parse_report_to
 from corecpu.tasks.registry import make_task, parse_config
 from corecpu.training import outputs
+from corecpu.training.lr_schedule import linear_warmup_decay
 from corecpu.training.train_config import TrainConfig
 from corecpu.training.output_lock import OutputLock
 from corecpu.training.modeling import check_inputs, load_tokenizer, optimizer_groups, weights_bytes
@@ -64,7 +64,7 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
     # The fused CPU kernel updates all parameters in one pass: 16 ms instead of 125 ms per step for
     # MiniLM (measured). IPEX, when used, brings its own step and expects the plain optimizer.
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=cfg.lr, fused=not run.uses_ipex)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * steps.total), steps.total)
+    scheduler = linear_warmup_decay(optimizer, int(cfg.warmup_ratio * steps.total), steps.total)
     if cfg.keep_best and eval_loader is None:  # --eval-data auto of a file is none: known only now
         raise corecpu.CoreCPUError(f"--keep-best {cfg.keep_best} needs evaluation data; pass --eval-data FILE")
     ckpt = corecpu.Checkpoints(cfg.output_dir, every=cfg.save_every, keep=cfg.keep_checkpoints, resume=cfg.resume,

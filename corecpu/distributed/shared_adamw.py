@@ -2,13 +2,17 @@
 
 Ranks on one host can read each other's memory. So autograd accumulates each rank's gradients straight into a
 buffer of that rank's in /dev/shm (as DDP's gradient_as_bucket_view does into its buckets; the kept word-embedding
-gradient copies only the rows its lookups wrote); after backward every rank sums one slice, 1/N of the elements,
-over all N buffers, and runs torch's fused AdamW kernel on that slice alone, on weights and moments that live
-once, in /dev/shm, and that every rank's model computes with. DDP all-reduces every gradient byte and every rank
+gradient copies only the rows its lookups wrote). After backward every rank sums its part of the elements over all
+N buffers, zeroing what it read while it is in cache; a parameter whose nonzero rows are known (the word
+embedding's: each rank publishes its rows) is summed over those rows alone. Then every rank runs torch's fused
+AdamW kernel on 1/N of the elements, on weights and moments that live once, in /dev/shm, and that every rank's
+model computes with. The two phases are balanced apart (the clip's all-reduce lies between them), so the mean
+gradient passes from one to the other through a shared buffer. DDP all-reduces every gradient byte and every rank
 runs the whole optimizer step; here nothing is all-reduced, each rank runs 1/N of the step, and the optimizer's
 memory is held once per host. Measured with `benchmarks/phases.py` on a 2-vCPU EPYC (MiniLM, bf16, 2 ranks x 16,
 interleaved runs): a step of short single sentences 87.5-98.9 ms against DDP's 108-115, of sentence pairs
-189-194 ms against 207-217 (benchmarks/README.md has the whole jobs).
+189-194 ms against 207-217, before the rows and the two partitions (which took the summing pass and AdamW from
+8.4 + 11.7 ms a rank to about 5 + 9.7 on the short sentences, and the zeroing pass's 2.9 ms away).
 
 The mathematics is DDP's: the step applies the mean of the ranks' gradients, clipped by the global norm of that
 mean (each rank's slice's sum of squares, taken in the summing pass, summed over the ranks in one scalar
@@ -16,8 +20,8 @@ all-reduce), through the same fused kernel with the hyper-parameters read from t
 each step (so an LR scheduler works as usual). Sums differ from an all-reduce's only in rounding order.
 
 The user's optimizer stays the object train.py holds: a step pre-hook does the sharded step and hides the
-gradients from the optimizer's own step, which then has nothing to do; a post-hook gives them back, and once
-every rank is done zeroes the buffers for the next step. Its `state` holds every parameter's moments as views of
+gradients from the optimizer's own step, which then has nothing to do; a post-hook gives them back and waits for
+every rank, after which the next forward may read the weights and the next backward write the buffers. Its `state` holds every parameter's moments as views of
 the shared buffers, so state_dict() is whole on every rank (a post-hook hands out private copies), and a state
 loaded for a resume is taken in when this is made.
 
@@ -42,6 +46,9 @@ SHARD_CHOICES = ("auto", "shm", "off")
 SHM_DIR = Path("/dev/shm")
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 _CHUNK = 1 << 18  # floats summed and squared at a time: 1 MiB, about one core's L2 on current x86 server parts
+# What summing a row-summed parameter's element costs against a dense one's (for the summing pass's balance): only
+# the rows some rank wrote are read, about 2% of the word embedding's in a MiniLM step of short sentences.
+_ROW_SUM_COST = 0.1
 
 
 class RowSource(Protocol):
@@ -62,8 +69,9 @@ class ShardChoice:
 
 
 def shm_bytes(numel: int, world: int) -> int:
-    """/dev/shm this needs: weights, two moments, and a gradient buffer per rank, all fp32."""
-    return (3 + world) * numel * 4
+    """/dev/shm this needs: weights, two moments, the mean gradient and a gradient buffer per rank, all fp32 (and
+    a few row numbers)."""
+    return (4 + world) * numel * 4
 
 
 def unsupported(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module, *, world: int, local_world: int,
@@ -120,6 +128,24 @@ def _shm_free() -> int:
     return st.f_bavail * st.f_frsize
 
 
+def balanced_bounds(sizes: Sequence[int], costs: Sequence[float], row_lengths: Sequence[int], world: int) -> list[int]:
+    """Pure: `world + 1` boundaries over the parameters' flat elements such that each rank's [b[r], b[r+1]) holds
+    about the same work, an element of parameter p costing costs[p]. A boundary inside a parameter with a row length
+    (row_lengths[p] > 0) falls between two of its rows."""
+    total = sum(n * c for n, c in zip(sizes, costs))
+    bounds, start, done, p = [0], 0, 0.0, 0
+    for r in range(1, world):
+        target = total * r / world
+        while p < len(sizes) and done + sizes[p] * costs[p] <= target:
+            done, start, p = done + sizes[p] * costs[p], start + sizes[p], p + 1
+        inside = 0 if p == len(sizes) or costs[p] <= 0 else min(sizes[p], round((target - done) / costs[p]))
+        if p < len(sizes) and row_lengths[p]:
+            inside = min(sizes[p], round(inside / row_lengths[p]) * row_lengths[p])
+        bounds.append(max(bounds[-1], start + inside))
+    bounds.append(sum(sizes))
+    return bounds
+
+
 class SharedAdamW:
     """One rank's side of the shared optimizer step (see the module docstring). Collective to make: every rank
     of the (single-host) group makes it with the same optimizer layout."""
@@ -142,15 +168,40 @@ class SharedAdamW:
             self._groups.append((group, trained, offset, offset + sum(p.numel() for p in trained)))
             offset = self._groups[-1][3]
         self.numel = offset
-        self.lo, self.hi = offset * rank // world, offset * (rank + 1) // world  # this rank's slice
-        names = ["weights", *_MOMENTS, *(f"grad{k}" for k in range(world))]
-        tag = share_tag(secrets.token_hex(8))
-        buffers = _map(shm_dir, f"corecpu-{tag}", names, offset, rank, barrier)
-        self.weights, self.exp_avg, self.exp_avg_sq = buffers[0], buffers[1], buffers[2]
-        self.grads = buffers[3:]
-        self.summed = torch.empty(self.hi - self.lo)  # this rank's slice of the ranks' mean gradient
-        self._squares = torch.zeros(max(1, -(-self.summed.numel() // _CHUNK)))  # its sum of squares, by chunk
         self._rows = {id(src.weight): src for src in rows}
+        # A gradient some rows of which are known to be the only nonzero ones is summed by those rows alone.
+        row_lengths = [p[0].numel() if id(p) in self._rows and p.dim() > 1 else 0 for p in self.params]
+        self._starts = [0]
+        for p in self.params:
+            self._starts.append(self._starts[-1] + p.numel())
+        sizes = [p.numel() for p in self.params]
+        # Two partitions: the summing pass's balances the dense elements (a row-summed parameter's are nearly free),
+        # AdamW's the elements. The scalar all-reduce of the clip's norm (or a barrier) lies between the two phases,
+        # so each must be balanced by itself; the sums go through a shared buffer from the one to the other.
+        bounds = balanced_bounds(sizes, [_ROW_SUM_COST if n else 1.0 for n in row_lengths], row_lengths, world)
+        self.sum_lo, self.sum_hi = bounds[rank], bounds[rank + 1]  # the elements this rank sums
+        bounds = balanced_bounds(sizes, [1.0] * len(sizes), [0] * len(sizes), world)
+        self.lo, self.hi = bounds[rank], bounds[rank + 1]  # the elements this rank steps
+        # Each rank's rows, per parameter summed by rows: a count (-1: every row) and the row numbers.
+        self._row_slots: dict[int, tuple[int, int]] = {}
+        slots = 0
+        for i, n in enumerate(row_lengths):
+            if n:
+                self._row_slots[i] = (slots, self.params[i].shape[0])
+                slots += 1 + self.params[i].shape[0]
+        names = [("weights", offset, torch.float32), *((m, offset, torch.float32) for m in _MOMENTS),
+                 ("summed", offset, torch.float32),
+                 *((f"grad{k}", offset, torch.float32) for k in range(world)),
+                 *((f"rows{k}", slots, torch.int64) for k in range(world if slots else 0))]
+        tag = share_tag(secrets.token_hex(8))
+        buffers = _map(shm_dir, f"corecpu-{tag}", names, rank, barrier)
+        self.weights, self.exp_avg, self.exp_avg_sq, self.mean_grad = buffers[:4]  # mean_grad: the ranks' mean
+        self.grads = buffers[4:4 + world]
+        self._published = buffers[4 + world:]
+        self._synced = True  # no rank is summing: every sum may be read
+        self._segments = self._plan_segments(row_lengths)
+        self._squares = torch.zeros(max(1, len(self._segments)))  # the summed part's sum of squares, by segment
+        self._summed_rows: dict[int, torch.Tensor | str] = {}  # rows of the summed part written last step
         self._copied: dict[int, torch.Tensor | str] = {}  # rows of a parameter's gradient copied last step
         self._mine = self._views(self.grads[self.rank])
         # Every other gradient is accumulated by autograd straight into this rank's shared buffer (as DDP's
@@ -172,6 +223,31 @@ class SharedAdamW:
         for p in self.params:
             out.append(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+        return out
+
+    def _plan_segments(self, row_lengths: Sequence[int]) -> list[tuple[int, int, int]]:
+        """The elements this rank sums as (first, end, parameter index) pieces: a chunk of at most _CHUNK densely
+        summed elements (index -1), or the rows there of a parameter summed by rows."""
+        out: list[tuple[int, int, int]] = []
+        run: list[int] = []  # the dense elements since the last parameter summed by rows: [first, end]
+
+        def close_run() -> None:
+            if run:
+                out.extend((c, min(c + _CHUNK, run[1]), -1) for c in range(run[0], run[1], _CHUNK))
+                run.clear()
+
+        for i, n in enumerate(row_lengths):
+            a, b = max(self._starts[i], self.sum_lo), min(self._starts[i + 1], self.sum_hi)
+            if a >= b:
+                continue
+            if n:
+                close_run()
+                out.append((a, b, i))
+            elif run:
+                run[1] = b
+            else:
+                run.extend((a, b))
+        close_run()
         return out
 
     def _adopt_state(self, loaded: bool = False) -> None:
@@ -209,7 +285,8 @@ class SharedAdamW:
     # ------------------------------------------------------------------ the step
     def reduce(self) -> None:
         """Collective, once per step (the clip or the step, whichever comes first): this rank's gradients
-        into its shared buffer, then this rank's slice summed over every rank's buffer."""
+        into its shared buffer, then this rank's slice summed over every rank's buffer. The pass zeroes what it
+        has read, so after it every rank's gradients are zero, ready for the next step's backward."""
         if self._reduced:
             return
         views = self._mine
@@ -222,37 +299,90 @@ class SharedAdamW:
             if rows is None:  # a gradient nobody vouches for: all of it
                 v.copy_(p.grad) if p.grad is not None else v.zero_()
                 self._copied[i] = "all"
+                self._publish(i, None if p.grad is not None else torch.empty(0, dtype=torch.int64))
                 continue
             # Only the rows the lookups wrote: zero last step's, copy this step's (MiniLM: 47 MB not copied).
             v.zero_() if isinstance(last, str) else v.index_fill_(0, last, 0)
             v.index_copy_(0, rows, p.grad.index_select(0, rows))
             self._copied[i] = rows
+            self._publish(i, rows)
         for i in self._in_place:
             grad = self.params[i].grad
             if grad is not None and grad.data_ptr() != views[i].data_ptr():  # replaced by someone: copy it in
                 views[i].copy_(grad)
         self._barrier()  # every rank's gradients are in
-        # The slice's mean over the ranks and its sum of squares in one pass, a chunk at a time: each chunk is
-        # summed, scaled and squared while it is still in cache (the passes over memory are what cost here).
-        buffers = [g[self.lo:self.hi] for g in self.grads]
-        for i, a in enumerate(range(0, self.summed.numel(), _CHUNK)):
-            b = min(a + _CHUNK, self.summed.numel())
-            out = self.summed[a:b]
+        buffers, scale = self.grads, 1.0 / self.world
+        for k, (a, b, i) in enumerate(self._segments):
+            out = self.mean_grad[a:b]
+            if i >= 0 and self._sum_rows(out, a, b, i, k):
+                continue
+            # The slice's mean over the ranks and its sum of squares in one pass, a chunk at a time: each chunk is
+            # summed, scaled and squared while it is still in cache (the passes over memory are what cost here).
             torch.add(buffers[0][a:b], buffers[1][a:b], out=out)
             for other in buffers[2:]:
                 out.add_(other[a:b])
-            out.mul_(1.0 / self.world)
-            torch.dot(out, out, out=self._squares[i])
-        self._reduced = True
+            out.mul_(scale)
+            torch.dot(out, out, out=self._squares[k])
+            if i < 0:  # read for the last time this step: zeroed while in cache, for the next backward
+                for buffer in buffers:
+                    buffer[a:b].zero_()
+            else:
+                self._summed_rows[i] = "all"
+        self._reduced, self._synced = True, False
+
+    def _publish(self, i: int, rows: torch.Tensor | None) -> None:
+        """Tell the other ranks which rows of parameter i's gradient are this rank's nonzero ones (None: any)."""
+        mine = self._published[self.rank]
+        at, _ = self._row_slots[i]
+        if rows is None:
+            mine[at] = -1
+            return
+        mine[at] = rows.numel()
+        mine[at + 1:at + 1 + rows.numel()] = rows
+
+    def _sum_rows(self, out: torch.Tensor, a: int, b: int, i: int, k: int) -> bool:
+        """Parameter i's part [a, b) of the slice, summed over the rows some rank wrote: the others are zero in
+        every buffer. False when a rank could not say which rows (then the whole part is summed)."""
+        at, _ = self._row_slots[i]
+        written = []
+        for published in self._published:
+            count = int(published[at])
+            if count < 0:
+                return False
+            written.append(published[at + 1:at + 1 + count])
+        width = self.params[i][0].numel()
+        first, last = (a - self._starts[i]) // width, (b - self._starts[i]) // width
+        rows = torch.unique(torch.cat(written))
+        rows = rows[(rows >= first) & (rows < last)] - first
+        table = out.view(-1, width)
+        before = self._summed_rows.get(i, "all")
+        table.zero_() if isinstance(before, str) else table.index_fill_(0, before, 0)
+        self._summed_rows[i] = rows
+        if not rows.numel():
+            self._squares[k] = 0.0
+            return True
+        values = self.grads[0][a:b].view(-1, width).index_select(0, rows)
+        for buffer in self.grads[1:]:
+            values.add_(buffer[a:b].view(-1, width).index_select(0, rows))
+        values.mul_(1.0 / self.world)
+        table.index_copy_(0, rows, values)
+        flat = values.view(-1)
+        torch.dot(flat, flat, out=self._squares[k])
+        return True
 
     def grad_norm(self) -> torch.Tensor:
         """Collective: the 2-norm of the ranks' mean gradient (the clip's total norm)."""
         self.reduce()
-        squares = float(self._squares.sum()) if self.summed.numel() else 0.0
-        return torch.tensor(math.sqrt(max(self._sum_scalar(squares), 0.0)))
+        squares = float(self._squares.sum()) if self._segments else 0.0
+        total = self._sum_scalar(squares)  # every rank has summed its part: the sums may be read
+        self._synced = True
+        return torch.tensor(math.sqrt(max(total, 0.0)))
 
     def _pre_step(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         self.reduce()
+        if not self._synced:  # no clip's all-reduce since the sums: wait for every rank's
+            self._barrier()
+            self._synced = True
         # The clip's scale inside the kernel; without one the kernel need not write the gradient back.
         scale = None if self.coefficient is None else self.coefficient.to(torch.float32).reciprocal()
         for group, params_of_group, start, end in self._groups:
@@ -267,7 +397,7 @@ class SharedAdamW:
             kernel = (torch._fused_adamw_ if isinstance(optimizer, torch.optim.AdamW)
                       or group.get("decoupled_weight_decay") else torch._fused_adam_)
             for lo, hi, step in self._runs(params_of_group, steps, start, a, b):
-                kernel([self.weights[lo:hi]], [self.summed[lo - self.lo:hi - self.lo]], [self.exp_avg[lo:hi]],
+                kernel([self.weights[lo:hi]], [self.mean_grad[lo:hi]], [self.exp_avg[lo:hi]],
                        [self.exp_avg_sq[lo:hi]], [], [step], lr=float(group["lr"]), beta1=float(beta1),
                        beta2=float(beta2), weight_decay=float(group["weight_decay"]), eps=float(group["eps"]),
                        amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
@@ -296,9 +426,8 @@ class SharedAdamW:
         for p, g in zip(self.params, self._hidden):
             p.grad = g
         self._hidden = []
-        self._barrier()  # every slice is updated, and no rank reads another's gradients any more
-        torch._foreach_zero_([self._mine[i] for i in self._in_place])  # the next step accumulates from zero
-        self._zeroed = True
+        self._barrier()  # every slice is updated: the next forward may read the weights, the next backward write
+        self._zeroed = True  # the summing pass zeroed the gradients it read (reduce)
         self.coefficient, self._reduced = None, False
 
 
@@ -311,21 +440,22 @@ def _private_copies(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
     return state_dict
 
 
-def _map(shm_dir: Path, prefix: str, names: Sequence[str], numel: int, rank: int,
+def _map(shm_dir: Path, prefix: str, entries: Sequence[tuple[str, int, torch.dtype]], rank: int,
          barrier: Callable[[], None]) -> list[torch.Tensor]:
-    """Collective: fp32 buffers of `numel` zeros in `shm_dir`, mapped by every rank, their files gone on return."""
-    paths = [shm_dir / f"{prefix}-{n}" for n in names]
+    """Collective: buffers of zeros, (name, elements, dtype) each, in `shm_dir`, mapped by every rank, their files
+    gone on return."""
+    paths = [shm_dir / f"{prefix}-{name}" for name, _, _ in entries]
     try:
         if rank == 0:
-            for path in paths:
+            for path, (_, numel, dtype) in zip(paths, entries):
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
                 try:
-                    os.ftruncate(fd, max(numel, 1) * 4)
+                    os.ftruncate(fd, max(numel, 1) * dtype.itemsize)
                 finally:
                     os.close(fd)
         barrier()
-        buffers = [torch.from_file(str(p), shared=True, size=max(numel, 1), dtype=torch.float32)[:numel]
-                   for p in paths]
+        buffers = [torch.from_file(str(p), shared=True, size=max(numel, 1), dtype=dtype)[:numel]
+                   for p, (_, numel, dtype) in zip(paths, entries)]
         barrier()
     finally:
         if rank == 0:
@@ -334,4 +464,4 @@ def _map(shm_dir: Path, prefix: str, names: Sequence[str], numel: int, rank: int
     return buffers
 
 
-__all__ = ["SHARD_CHOICES", "ShardChoice", "SharedAdamW", "decide", "shm_bytes", "unsupported"]
+__all__ = ["SHARD_CHOICES", "ShardChoice", "SharedAdamW", "balanced_bounds", "decide", "shm_bytes", "unsupported"]

@@ -32,12 +32,15 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, LlamaForCausalLM
 
 from corecpu import atomic, envvars
 from corecpu.data.builtin_sft import tokenizer_corpus
@@ -84,6 +87,7 @@ def is_builtin_causal(spec: str) -> bool:
 
 def causal_config(name: str, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
     """The LlamaConfig of built-in model `name` with `tokenizer`'s special ids."""
+    from transformers import LlamaConfig  # here: Llama's modules cost every task's ranks 1.2 s of start-up
     s = BUILTIN_CAUSAL[name]
     return LlamaConfig(
         vocab_size=s.vocab or len(tokenizer), hidden_size=s.hidden, intermediate_size=s.intermediate,
@@ -125,6 +129,8 @@ def _uniform(key: str, shape: torch.Size, std: float) -> torch.Tensor:
 
 def build_model(config: LlamaConfig, seed: int = SEED) -> LlamaForCausalLM:
     """A LlamaForCausalLM with every parameter set from (seed, its name): RMSNorm scales 1, matrices uniform."""
+    from transformers import LlamaForCausalLM
+
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():  # the tied lm_head is the embedding: listed once

@@ -14,27 +14,10 @@ import torch
 from corecpu.distributed.shared_adamw import SharedAdamW, decide, shm_bytes, unsupported
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GradientClipper
+from helpers.thread_ranks import Group
 
 WORLD = 2
 STEPS = 4
-
-
-class Group:
-    """What two ranks need of a process group, for two threads."""
-
-    def __init__(self, n: int) -> None:
-        self._wait = threading.Barrier(n, timeout=60).wait
-        self._values = [0.0] * n
-
-    def barrier(self) -> None:
-        self._wait()
-
-    def sum_scalar(self, rank: int, x: float) -> float:
-        self._values[rank] = x
-        self._wait()
-        total = sum(self._values)
-        self._wait()
-        return total
 
 
 def make_model() -> torch.nn.Module:
@@ -64,7 +47,7 @@ def run_ranks(body: Callable[[int, Group, torch.nn.Module], object]) -> list[obj
             out[rank] = body(rank, group, models[rank])
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
-            group._wait.__self__.abort()  # type: ignore[attr-defined]
+            group.abort()
 
     threads = [threading.Thread(target=target, args=(r,)) for r in range(WORLD)]
     for t in threads:
