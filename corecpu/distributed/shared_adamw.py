@@ -40,6 +40,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from corecpu.distributed import shm_sync
+from corecpu.distributed.shm_sync import ShmSync
 from corecpu.errors import CoreCPUError
 
 SHARD_CHOICES = ("auto", "shm", "off")
@@ -152,12 +154,12 @@ class SharedAdamW:
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, rank: int, world: int, barrier: Callable[[], None],
                  sum_scalar: Callable[[float], float], share_tag: Callable[[str], str],
-                 rows: Sequence[RowSource] = (), shm_dir: Path = SHM_DIR) -> None:
+                 rows: Sequence[RowSource] = (), shm_dir: Path = SHM_DIR, sync_timeout_s: float = 1800.0) -> None:
         """`barrier()`: every rank waits for the others. `sum_scalar(x)`: x summed over the ranks.
         `share_tag(tag)`: rank 0's `tag`, on every rank (names the files). `rows`: who knows which rows of a
         gradient may be nonzero (the kept word-embedding gradient): only those rows are copied."""
         self.optimizer, self.rank, self.world = optimizer, rank, world
-        self._barrier, self._sum_scalar = barrier, sum_scalar
+        self._barrier = barrier  # the waits while setting up (the buffers to wait through do not exist yet)
         self.params: list[torch.nn.Parameter] = []
         # (param group, its trained parameters, first element, end)
         self._groups: list[tuple[dict[str, Any], list[torch.nn.Parameter], int, int]] = []
@@ -192,12 +194,22 @@ class SharedAdamW:
         names = [("weights", offset, torch.float32), *((m, offset, torch.float32) for m in _MOMENTS),
                  ("summed", offset, torch.float32),
                  *((f"grad{k}", offset, torch.float32) for k in range(world)),
+                 ("sync", world, torch.int64), ("values", world, torch.float64), ("pids", world, torch.int64),
                  *((f"rows{k}", slots, torch.int64) for k in range(world if slots else 0))]
         tag = share_tag(secrets.token_hex(8))
         buffers = _map(shm_dir, f"corecpu-{tag}", names, rank, barrier)
         self.weights, self.exp_avg, self.exp_avg_sq, self.mean_grad = buffers[:4]  # mean_grad: the ranks' mean
         self.grads = buffers[4:4 + world]
-        self._published = buffers[4 + world:]
+        counters, values, pids = buffers[4 + world:7 + world]
+        self._published = buffers[7 + world:]
+        # The waits inside a step go through shared memory where stores are seen in order (shm_sync), else through
+        # the process group, as the waits while setting up do.
+        if shm_sync.usable():
+            sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s)
+            self._step_barrier, self._step_sum = sync.barrier, sync.sum
+        else:
+            self._step_barrier, self._step_sum = barrier, sum_scalar
+        barrier()  # every rank's process id is in
         self._synced = True  # no rank is summing: every sum may be read
         self._segments = self._plan_segments(row_lengths)
         self._squares = torch.zeros(max(1, len(self._segments)))  # the summed part's sum of squares, by segment
@@ -310,7 +322,7 @@ class SharedAdamW:
             grad = self.params[i].grad
             if grad is not None and grad.data_ptr() != views[i].data_ptr():  # replaced by someone: copy it in
                 views[i].copy_(grad)
-        self._barrier()  # every rank's gradients are in
+        self._step_barrier()  # every rank's gradients are in
         buffers, scale = self.grads, 1.0 / self.world
         for k, (a, b, i) in enumerate(self._segments):
             out = self.mean_grad[a:b]
@@ -374,14 +386,14 @@ class SharedAdamW:
         """Collective: the 2-norm of the ranks' mean gradient (the clip's total norm)."""
         self.reduce()
         squares = float(self._squares.sum()) if self._segments else 0.0
-        total = self._sum_scalar(squares)  # every rank has summed its part: the sums may be read
+        total = self._step_sum(squares)  # every rank has summed its part: the sums may be read
         self._synced = True
         return torch.tensor(math.sqrt(max(total, 0.0)))
 
     def _pre_step(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
         self.reduce()
         if not self._synced:  # no clip's all-reduce since the sums: wait for every rank's
-            self._barrier()
+            self._step_barrier()
             self._synced = True
         # The clip's scale inside the kernel; without one the kernel need not write the gradient back.
         scale = None if self.coefficient is None else self.coefficient.to(torch.float32).reciprocal()
@@ -426,7 +438,7 @@ class SharedAdamW:
         for p, g in zip(self.params, self._hidden):
             p.grad = g
         self._hidden = []
-        self._barrier()  # every slice is updated: the next forward may read the weights, the next backward write
+        self._step_barrier()  # every slice is updated: the next forward may read the weights, the next backward write
         self._zeroed = True  # the summing pass zeroed the gradients it read (reduce)
         self.coefficient, self._reduced = None, False
 

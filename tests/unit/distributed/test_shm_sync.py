@@ -1,0 +1,64 @@
+"""The shared-memory barrier and scalar sum of the shared optimizer step: ranks as threads over one set of
+buffers (as /dev/shm gives processes), and a rank that ended or never comes named in one line."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from corecpu.distributed.shm_sync import ShmSync, usable
+from corecpu.errors import CoreCPUError
+
+pytestmark = pytest.mark.skipif(not usable(), reason="stores seen in program order (x86-64) only")
+
+
+def buffers(world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.zeros(world, dtype=torch.int64), torch.zeros(world, dtype=torch.float64), torch.zeros(world, dtype=torch.int64)
+
+
+def test_no_rank_passes_a_barrier_before_every_rank_reached_it_and_sums_agree():
+    world, rounds = 3, 200
+    counters, values, pids = buffers(world)
+    arrived = [0] * world
+    seen: list[list[float]] = [[] for _ in range(world)]
+    errors = []
+
+    def rank(r: int) -> None:
+        try:
+            sync = ShmSync(counters, values, pids, rank=r, timeout_s=30)
+            for k in range(rounds):
+                arrived[r] = k + 1
+                sync.barrier()
+                assert min(arrived) >= k + 1  # every rank reached round k before anyone left it
+                seen[r].append(sync.sum(float(r + 1) * (k + 1)))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors[0]
+    assert seen[0] == seen[1] == seen[2] == [6.0 * (k + 1) for k in range(rounds)]
+
+
+def test_a_rank_that_ended_is_named():
+    counters, values, pids = buffers(2)
+    pids[1] = 999_999_999  # the other rank's process, gone
+    sync = ShmSync(counters, values, pids, rank=0, timeout_s=60, alive=lambda pid: pid == os.getpid())
+    with pytest.raises(CoreCPUError, match=r"rank 1 \(pid 999999999\) ended during the shared optimizer step"):
+        sync.barrier()
+
+
+def test_a_rank_that_never_comes_times_out_in_one_line():
+    counters, values, pids = buffers(2)
+    sync = ShmSync(counters, values, pids, rank=0, timeout_s=0.5, alive=lambda pid: True)
+    started = time.monotonic()
+    with pytest.raises(CoreCPUError, match=r"ranks \[1\] did not reach the shared optimizer step within 0.5 s"):
+        sync.barrier()
+    assert time.monotonic() - started < 5
