@@ -213,7 +213,6 @@ class Watchdog:
 
     def stop(self) -> None:
         self._stopping.set()
-        self._store = None  # the threads use their own clones: the run's close may now destroy the store
         # Not cleared here: an exception escaping the loop closes it before sys.excepthook reads current_step().
 
     @property
