@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from corecpu.atomic import pid_alive
+
 SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"(\d+):\d+:\d+")
 # A region of a process this host cannot see (another PID namespace sharing /dev/shm, as containers started
@@ -58,16 +60,6 @@ def remove_stale_regions(shm_dir: Path = SHM_DIR, now: float | None = None,
         return []
     in_use = (mapped or mapped_shm_names)()
     return [p.name for p in candidates if p.name not in in_use and _unlink_own_file(p)]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
 
 
 def mapped_shm_names(proc: Path = Path("/proc")) -> set[str]:

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from corecpu.atomic import pid_alive
 from corecpu.errors import CoreCPUError
 
 _SPINS = 200  # about 100 us of checking before yielding the CPU
@@ -40,7 +41,7 @@ class ShmSync:
         self._counters, self._values, self._pids = counters.numpy(), values.numpy(), pids.numpy()
         self.rank, self.timeout_s = rank, timeout_s
         self._generation = int(self._counters[rank])
-        self._alive = alive or _alive
+        self._alive = alive or pid_alive
         self._pids[rank] = os.getpid()
 
     def barrier(self) -> None:
@@ -80,16 +81,6 @@ class ShmSync:
         if waited > self.timeout_s:
             raise CoreCPUError(f"ranks {behind} did not reach the shared optimizer step within {self.timeout_s:g} s;"
                                " a rank is stuck or far slower than the others")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 __all__ = ["ShmSync", "usable"]

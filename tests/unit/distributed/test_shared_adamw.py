@@ -4,7 +4,6 @@ this process: the same steps as DDP's mean gradient, torch's clip and torch's fu
 from __future__ import annotations
 
 import copy
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -14,7 +13,7 @@ import torch
 from corecpu.distributed.shared_adamw import SharedAdamW, decide, shm_bytes, unsupported
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GradientClipper
-from helpers.thread_ranks import Group
+from helpers.thread_ranks import Group, run_ranks as thread_ranks
 
 WORLD = 2
 STEPS = 4
@@ -39,24 +38,9 @@ def batches() -> torch.Tensor:
 
 def run_ranks(body: Callable[[int, Group, torch.nn.Module], object]) -> list[object]:
     """`body(rank, group, model)` on a thread per rank; the models are made here (torch's seed is global)."""
-    group, out, errors = Group(WORLD), [None] * WORLD, []
+    group = Group(WORLD)
     models = [make_model() for _ in range(WORLD)]
-
-    def target(rank: int) -> None:
-        try:
-            out[rank] = body(rank, group, models[rank])
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
-            group.abort()
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return out
+    return thread_ranks(WORLD, group, lambda rank: body(rank, group, models[rank]))
 
 
 def shared_for(rank: int, group: Group, optimizer: torch.optim.Optimizer, shm_dir: Path) -> SharedAdamW:

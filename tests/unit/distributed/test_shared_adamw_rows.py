@@ -4,7 +4,6 @@ slices balanced by work."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 from corecpu.distributed.shared_adamw import SharedAdamW, balanced_bounds
 from corecpu.training.clipping import GradientClipper
-from helpers.thread_ranks import Group
+from helpers.thread_ranks import Group, run_ranks
 
 STEPS = 5
 VOCAB, WIDTH = 40, 4
@@ -68,39 +67,28 @@ def reference(world: int, xs: torch.Tensor, max_norm: float | None) -> list[torc
 
 
 def run(world: int, xs: torch.Tensor, max_norm: float | None, shm_dir: Path, unsaid: tuple[int, int] = (-1, -1)):
-    group, out, errors = Group(world), [None] * world, []
+    group = Group(world)
     models = [Model() for _ in range(world)]
 
-    def body(rank: int) -> None:
-        try:
-            model = models[rank]
-            optimizer = optimizer_for(model)
-            rows = Rows(model.embed.weight)
-            shared = SharedAdamW(optimizer, rank=rank, world=world, barrier=group.barrier,
-                                 sum_scalar=lambda x: group.sum_scalar(rank, x), share_tag=lambda tag: "rows",
-                                 rows=[rows], shm_dir=shm_dir)
-            model.register_forward_pre_hook(shared.attach_grads)
-            clip = GradientClipper(model.parameters(), optimizer, shared=shared)
-            for step in range(STEPS):
-                model(xs[rank, step]).backward()
-                rows.rows = None if (rank, step) == unsaid else torch.unique(xs[rank, step])
-                if max_norm is not None:  # else no all-reduce between the summing and the stepping
-                    clip(max_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            out[rank] = ([p.detach().clone() for p in model.parameters()], (shared.lo, shared.hi))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
-            group.abort()
+    def body(rank: int):
+        model = models[rank]
+        optimizer = optimizer_for(model)
+        rows = Rows(model.embed.weight)
+        shared = SharedAdamW(optimizer, rank=rank, world=world, barrier=group.barrier,
+                             sum_scalar=lambda x: group.sum_scalar(rank, x), share_tag=lambda tag: "rows",
+                             rows=[rows], shm_dir=shm_dir)
+        model.register_forward_pre_hook(shared.attach_grads)
+        clip = GradientClipper(model.parameters(), optimizer, shared=shared)
+        for step in range(STEPS):
+            model(xs[rank, step]).backward()
+            rows.rows = None if (rank, step) == unsaid else torch.unique(xs[rank, step])
+            if max_norm is not None:  # else no all-reduce between the summing and the stepping
+                clip(max_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return [p.detach().clone() for p in model.parameters()], (shared.lo, shared.hi)
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return out
+    return run_ranks(world, group, body)
 
 
 @pytest.mark.parametrize("world", [2, 3])
