@@ -62,6 +62,30 @@ def remove_stale_regions(shm_dir: Path = SHM_DIR, now: float | None = None,
     return [p.name for p in candidates if p.name not in in_use and _unlink_own_file(p)]
 
 
+def wait_gone(pids: list[int], timeout_s: float, alive: Callable[[int], bool] | None = None,
+              poll_s: float = 0.02) -> list[int]:
+    """Wait up to `timeout_s` for `pids` to end; the ones that did. A rank killed with its supervisor
+    (PDEATHSIG) is still tearing down its memory when the launcher's own wait returns; a zombie counts as
+    ended (its region can no longer be in use by it)."""
+    alive = alive or _running
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        left = [p for p in left if alive(p)]
+    return [p for p in pids if p not in left]
+
+
+def _running(pid: int) -> bool:
+    if not pid_alive(pid):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # another user's, or no /proc: trust kill(0)
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
+
+
 def mapped_shm_names(proc: Path = Path("/proc")) -> set[str]:
     """The /dev/shm names some visible process has mapped (from /proc/*/maps)."""
     names: set[str] = set()

@@ -48,6 +48,7 @@ TORCHRUN_MODULE = "corecpu.launching.torchrun"  # torchrun with its stores on lo
 # After a rank asks to end a hung job (END_JOB_SIGNAL), the job gets this long to end by itself (the watchdog's
 # other ranks wait 5 s so that the reporter is heard) before the launcher kills what is left of it.
 END_JOB_GRACE_S = 10.0
+RANK_EXIT_WAIT_S = 5.0  # the job's end waits this long for its ranks here to be gone (their oneCCL regions)
 EXIT_HUNG = 124  # as the watchdog's ranks exit (corecpu.reliability.watchdog.EXIT_HUNG; that module needs torch)
 
 
@@ -336,9 +337,11 @@ def run_forwarding_signals(command: list[str], env: dict[str, str], launcher: st
 def _remove_ranks_ccl_shm(job_dir: Path) -> None:
     """The oneCCL regions of this host's ranks that ended without removing them (killed with their supervisor)."""
     host = socket.gethostname()
-    for rec in job_records.read(job_dir).values():
-        if rec.pid and rec.host == host and not ccl_shm.pid_alive(rec.pid):
-            ccl_shm.remove_regions(rec.pid)
+    pids = [rec.pid for rec in job_records.read(job_dir).values() if rec.pid and rec.host == host]
+    # The job's ranks end with it, but one killed by PDEATHSIG may still be exiting: a short wait, not a
+    # check, or its region stays (one that outlives the wait is left to the next launch's stale sweep).
+    for pid in ccl_shm.wait_gone(pids, RANK_EXIT_WAIT_S):
+        ccl_shm.remove_regions(pid)
 
 
 def _say(line: str) -> None:

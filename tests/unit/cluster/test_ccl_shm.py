@@ -58,3 +58,20 @@ def test_pid_alive():
     assert ccl_shm.pid_alive(os.getpid())
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     assert not ccl_shm.pid_alive(int(done.stdout))
+
+
+def test_wait_gone_waits_for_an_exiting_process_and_counts_a_zombie_as_gone():
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    while ccl_shm._running(zombie.pid):  # exited, not reaped: kill(0) still finds it
+        time.sleep(0.01)
+    assert ccl_shm.pid_alive(zombie.pid)
+    assert ccl_shm.wait_gone([quick.pid, zombie.pid], timeout_s=10) == [quick.pid, zombie.pid]
+    stays = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert ccl_shm.wait_gone([stays.pid], timeout_s=0.2) == []
+    finally:
+        stays.kill()
+        stays.wait()
+        quick.wait()
+        zombie.wait()
