@@ -16,6 +16,12 @@ between jobs (features, model class, evaluation) is the task object, corecpu/tas
 
 from __future__ import annotations
 
+import gc
+
+# Importing torch and transformers builds millions of long-lived objects, and the collector kept walking them
+# (three full collections, 0.7 s of a 2-rank start-up, measured). Nothing imported is garbage: collect none
+# of it now, and none of it later (freeze).
+gc.disable()
 import torch
 
 import corecpu
@@ -28,6 +34,9 @@ from corecpu.training.lr_schedule import linear_warmup_decay
 from corecpu.training.train_config import TrainConfig
 from corecpu.training.output_lock import OutputLock
 from corecpu.training.modeling import check_inputs, load_tokenizer, optimizer_groups, weights_bytes
+
+gc.freeze()
+gc.enable()
 
 
 def main() -> None:
@@ -119,4 +128,4 @@ def train(cfg: TrainConfig, run: corecpu.Run) -> None:
 
 
 if __name__ == "__main__":
-    corecpu.run_cli(main)
+    corecpu.run_cli(main, fast_exit=True)  # the interpreter's teardown of torch and transformers is 0.2 s per rank

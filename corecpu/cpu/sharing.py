@@ -31,7 +31,9 @@ from corecpu.errors import CoreCPUError
 
 BINDING_CHOICES = ("auto", "core", "numa")
 BUSY_FRACTION = 0.5  # a CPU more than half busy with other work over the sample counts as taken
-SAMPLE_SECONDS = 0.3
+# /proc/stat counts in 10 ms ticks: 0.1 s gives each CPU 10, and a neighbour worth avoiding (a busy loop, another
+# job's ranks) fills 9-11 of them while an idle CPU shows 0-1. The launch waits this long before any rank starts.
+SAMPLE_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
