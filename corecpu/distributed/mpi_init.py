@@ -1,10 +1,9 @@
 """Starting MPI for corecpu's comm threads (the MPI gradient hook; the shared-memory hook's leaders across hosts),
-without initialising it on import."""
+without initialising it on import, and only when one of them is used."""
 
 from __future__ import annotations
 
 import importlib.util
-import threading
 from typing import Any, Mapping
 
 from corecpu.errors import CoreCPUError
@@ -17,33 +16,11 @@ def mpi4py_importable() -> tuple[bool, str]:
     return True, "mpi4py found"
 
 
-_early: threading.Thread | None = None
-
-
-def start_early(env: Mapping[str, str]) -> bool:
-    """Start MPI_Init on a helper thread, so it overlaps loading the model and data; init_mpi() then waits
-    for it. MPI_Init took 0.3-0.5 s for 2 ranks under Intel MPI (2-vCPU Xeon), mostly waiting on the process
-    manager. Only where nothing in MPI_Init binds the calling thread (I_MPI_PIN=0, as launch.sh runs, since
-    corecpu.bind pins): pinning from a helper thread would pin that thread alone. False if not started."""
-    global _early
-    if _early is not None or env.get("I_MPI_PIN") != "0" or not mpi4py_importable()[0]:
-        return False
-
-    def init() -> None:
-        try:
-            init_mpi()
-        except Exception:  # noqa: BLE001 (init_mpi on the main thread raises it again, with its message)
-            pass
-
-    _early = threading.Thread(target=init, name="corecpu-mpi-init", daemon=True)
-    _early.start()
-    return True
-
-
 def init_mpi() -> Any:
-    """mpi4py's MPI module, initialised with a thread level that allows calls from our comm thread."""
-    if _early is not None and _early is not threading.current_thread():
-        _early.join()
+    """mpi4py's MPI module, initialised with a thread level that allows calls from our comm thread. Only a path
+    that uses MPI calls it: MPI_Init holds the GIL and the import lock throughout (0.26 s for 2 ranks under Intel
+    MPI, most of it waiting on the process manager), so started on a helper thread it overlapped nothing and
+    stalled every rank, whatever path the job then took."""
     import mpi4py
 
     if not mpi4py.rc.initialize:

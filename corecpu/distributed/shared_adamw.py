@@ -47,6 +47,7 @@ from corecpu.errors import CoreCPUError
 SHARD_CHOICES = ("auto", "shm", "off")
 SHM_DIR = Path("/dev/shm")
 _MOMENTS = ("exp_avg", "exp_avg_sq")
+_NO_ROWS = torch.empty(0, dtype=torch.int64)
 _CHUNK = 1 << 18  # floats summed and squared at a time: 1 MiB, about one core's L2 on current x86 server parts
 # What summing a row-summed parameter's element costs against a dense one's (for the summing pass's balance): only
 # the rows some rank wrote are read, about 2% of the word embedding's in a MiniLM step of short sentences.
@@ -213,8 +214,10 @@ class SharedAdamW:
         self._synced = True  # no rank is summing: every sum may be read
         self._segments = self._plan_segments(row_lengths)
         self._squares = torch.zeros(max(1, len(self._segments)))  # the summed part's sum of squares, by segment
-        self._summed_rows: dict[int, torch.Tensor | str] = {}  # rows of the summed part written last step
-        self._copied: dict[int, torch.Tensor | str] = {}  # rows of a parameter's gradient copied last step
+        # The rows of the summed part written last step, and of a parameter's gradient copied last step: none yet
+        # (the buffers are new: zeros; "all" once a step wrote every row).
+        self._summed_rows: dict[int, torch.Tensor | str] = {i: _NO_ROWS for i in self._row_slots}
+        self._copied: dict[int, torch.Tensor | str] = {i: _NO_ROWS for i in self._row_slots}
         self._mine = self._views(self.grads[self.rank])
         # Every other gradient is accumulated by autograd straight into this rank's shared buffer (as DDP's
         # gradient_as_bucket_view does): no copy, and no new memory to fault in each step.
@@ -271,8 +274,11 @@ class SharedAdamW:
                                   self._views(self.exp_avg_sq)):
                 w.copy_(p.detach())
                 s = state.get(p, {})
-                m.copy_(s["exp_avg"]) if "exp_avg" in s else m.zero_()
-                v.copy_(s["exp_avg_sq"]) if "exp_avg_sq" in s else v.zero_()
+                for buffer, key in ((m, "exp_avg"), (v, "exp_avg_sq")):
+                    if key in s:
+                        buffer.copy_(s[key])
+                    elif loaded:  # new buffers are zeros already: zeroing them faulted in 0.1 s of pages at start
+                        buffer.zero_()
         self._barrier()
         for p, w in zip(self.params, self._views(self.weights)):
             p.data = w  # the model trains the shared weights themselves: no copy after each step

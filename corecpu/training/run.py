@@ -52,7 +52,7 @@ from corecpu.cpu.hardware import Extension, read_cpu_features
 from corecpu.cpu.node_plan import NodePlan
 from corecpu.cpu.topology import default_library_dirs, find_libraries
 from corecpu.data.sampling import EvalShardSampler, train_sampler
-from corecpu.distributed import gradient_path, mpi_init
+from corecpu.distributed import gradient_path
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
 from corecpu.distributed.shared_adamw import SharedAdamW, decide as decide_shard, unsupported as unsupported_shard
@@ -476,8 +476,6 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     lifeline.install(env, launched=info.distributed)  # no orphan rank outlives its launcher
     if graceful_stop:
         preempt.install(announce=info.rank == 0)  # from the main thread, before the process group
-    if info.mpi_world and opts.allreduce in ("auto", "mpi", "shm"):
-        mpi_init.start_early(env)  # the MPI hook (or shm's leaders) may need it; it overlaps model loading
     measured_paths = opts.allreduce == "auto" and opts.allreduce_dtype == "fp32"
     busy = bool(env.get(envvars.CPUS_BUSY))  # what launch.sh measured: timings are cached per load state
     pg = _pg.init_distributed(opts.backend, opts.dist_timeout, env, info=info, plan_env=lambda: node.env,
