@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 
 # Importing torch and transformers builds millions of long-lived objects, and the collector kept walking them
-# (three full collections, 0.7 s of a 2-rank start-up, measured). Nothing imported is garbage: collect none
+# (three full collections, about 0.6 s of a 2-rank start-up, measured). Nothing imported is garbage: collect none
 # of it now, and none of it later (freeze).
 gc.disable()
 import torch

@@ -4,7 +4,7 @@ without initialising it on import, and only when one of them is used."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Mapping
+from typing import Any
 
 from corecpu.errors import CoreCPUError
 
