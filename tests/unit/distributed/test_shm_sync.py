@@ -4,7 +4,6 @@ buffers (as /dev/shm gives processes), and a rank that ended or never comes name
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 
 from corecpu.distributed.shm_sync import ShmSync, usable
 from corecpu.errors import CoreCPUError
+from helpers.thread_ranks import Group, run_ranks
 
 pytestmark = pytest.mark.skipif(not usable(), reason="stores seen in program order (x86-64) only")
 
@@ -25,25 +25,16 @@ def test_no_rank_passes_a_barrier_before_every_rank_reached_it_and_sums_agree():
     counters, values, pids = buffers(world)
     arrived = [0] * world
     seen: list[list[float]] = [[] for _ in range(world)]
-    errors = []
 
     def rank(r: int) -> None:
-        try:
-            sync = ShmSync(counters, values, pids, rank=r, timeout_s=30)
-            for k in range(rounds):
-                arrived[r] = k + 1
-                sync.barrier()
-                assert min(arrived) >= k + 1  # every rank reached round k before anyone left it
-                seen[r].append(sync.sum(float(r + 1) * (k + 1)))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(exc)
+        sync = ShmSync(counters, values, pids, rank=r, timeout_s=30)
+        for k in range(rounds):
+            arrived[r] = k + 1
+            sync.barrier()
+            assert min(arrived) >= k + 1  # every rank reached round k before anyone left it
+            seen[r].append(sync.sum(float(r + 1) * (k + 1)))
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors[0]
+    run_ranks(world, Group(world), rank)
     assert seen[0] == seen[1] == seen[2] == [6.0 * (k + 1) for k in range(rounds)]
 
 
