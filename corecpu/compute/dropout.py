@@ -1,18 +1,25 @@
-"""Dropout with a quarter of the random draws: the `fast` kernel of `--dropout`.
+"""Dropout from 16 random bits an element, drawn on all of the rank's threads: the `fast` kernel of `--dropout`.
 
 A profile of MiniLM's training step on one core spent 38 of about 310 ms in dropout's `bernoulli_`: torch's CPU
 dropout draws one 32-bit number from the (serial) mt19937 generator per element, turns it into a double, compares,
-then divides the mask by 1-p and multiplies. This kernel draws 64 random bits per 4 elements and keeps an element
-where its 16 bits clear a threshold. The drop probability is p rounded to a multiple of 1/65536 (0.1 becomes
+then divides the mask by 1-p and multiplies. This kernel keeps an element where 16 random bits clear a threshold,
+with the scale folded into the mask. The drop probability is p rounded to a multiple of 1/65536 (0.1 becomes
 0.1000061) and the kept values are scaled by the inverse of the rounded keep probability, so the expectation is
 exactly the input's. Measured on the development Xeon: 1.7x torch's (one thread, forward and backward, on a
 hidden-state tensor and on attention probabilities); a fixed one-core MiniLM step 12-18% shorter; the real 2-rank
 job 1.03-1.07x (benchmarks/README.md).
 
-It is a different random stream from torch's, drawn from the same default generator: a seeded run repeats itself,
-a checkpoint's random state resumes it bit for bit, and `--dropout torch` gives torch's stream back. It is not
-chosen by timing at start-up: the serial part (the draw) is a quarter of torch's on every CPU and the rest is the
-same elementwise work, and a start-up timing that flipped between runs would change a resumed run's stream.
+The bits come from corecpu.compute.counter_random: a counter-based hash computed by torch's parallel int32
+kernels, keyed by one draw from torch's default generator per call. It replaced 64-bit mt19937 draws, which run on
+one thread whatever the rank's thread count: with 2 threads the kernel (a matmul before it, so OpenMP's workers are
+awake) took 3.6 ms instead of 4.9 for 3.1M values, and at one thread 6.7 instead of 7.4 (Zen 5); a 16-thread rank
+would otherwise wait on one thread for some 0.7 ns an element.
+
+It is a different random stream from torch's, drawn from the same default generator: a seeded run repeats itself
+whatever the thread count, a checkpoint's random state resumes it bit for bit, and `--dropout torch` gives torch's
+stream back. It is not chosen by timing at start-up: it does less work than torch's kernel on every CPU (no
+double per element, one multiply less), and a start-up timing that flipped between runs would change a resumed
+run's stream.
 
 It applies where a model calls `torch.nn.functional.dropout` (every `nn.Dropout`, Hugging Face's eager attention,
 peft's LoRA dropout) inside the wrapped forward, on the thread running it (see _dispatching_dropout). torch.compile
@@ -31,6 +38,7 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
+from corecpu.compute.counter_random import random_int16
 from corecpu.decision import Decision
 
 _TORCH_DROPOUT = torch.nn.functional.dropout  # torch's own, whatever the name points at later
@@ -65,7 +73,8 @@ def decide_dropout(requested: str, compile: bool, checkpointing: bool = False, d
     if checkpointing:
         return DropoutChoice("torch", "gradient checkpointing recomputes the forward in the backward, outside "
                                       "the wrapped forward, with torch's kernel")
-    return DropoutChoice("fast", "a quarter of torch's random draws; --dropout torch for torch's random stream")
+    return DropoutChoice("fast", "16 random bits an element, drawn on every thread; --dropout torch for torch's "
+                                 "random stream")
 
 
 def uses_gradient_checkpointing(model: torch.nn.Module) -> bool:
@@ -94,10 +103,7 @@ def drop_threshold(p: float) -> int | None:
 class _FastDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, dropped: int) -> torch.Tensor:  # type: ignore[override]
-        n = x.numel()
-        # Full-range int64 draws: every bit is random (random_() without bounds leaves the sign bit 0).
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(1 << 63), (1 << 63) - 1)
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= dropped - (_LEVELS >> 1)
+        keep = random_int16(x.numel()).view(x.shape) >= dropped - (_LEVELS >> 1)
         # The scale folded into the mask: one multiply forward and one backward, as torch's kernel does.
         mask = keep.to(x.dtype).mul_(_LEVELS / (_LEVELS - dropped))
         ctx.save_for_backward(mask)

@@ -56,8 +56,8 @@ class RunOptions:
     attention: str = opt("auto", "attention kernel of a Hugging Face model: sdpa (transformers' default), eager, or "
                          "auto: each timed on one training step of the model at the loader's batch shape (once per "
                          "CPU, cached) and eager kept only where it was at least 1.03x as fast", choices=ATTENTION_CHOICES)
-    dropout: str = opt("fast", "dropout kernel inside the wrapped forward: fast (a quarter of torch's random draws, p "
-                       "rounded to 1/65536; 1.7x torch's dropout; MiniLM's 2-rank job 1.03-1.07x) or torch "
+    dropout: str = opt("fast", "dropout kernel inside the wrapped forward: fast (16 random bits an element from a hash "
+                       "on every thread, p rounded to 1/65536; 1.7x torch's dropout) or torch "
                        "(torch's own random stream); torch.compile keeps its own", choices=DROPOUT_CHOICES,
                        defines_run=True)
     grad_clip: str = opt("fused", "where run.clip_grad_norm_ applies its scale: fused (inside torch's fused AdamW "
