@@ -7,6 +7,7 @@ It runs benchmarks/throughput.py several times, most important first, and starts
 estimate fits in what is left of the budget (a part that runs over is stopped with its whole process group):
 
   matmul        the node's fp32 and bf16 matmul rate (2048^3, all cores; and one rank's share)
+  dropout       corecpu's and torch's dropout kernels at 1 thread, one rank's share and every core
   minilm-nR     corecpu (defaults, R ranks) against the tuned Trainer (torchrun R x cores/R, length-grouped,
                 bf16), the paraphrase benchmark, one epoch, 2 interleaved repeats
   minilm-n1     corecpu with 1 rank and every core, the same global batch: is R ranks ever slower?
@@ -205,6 +206,11 @@ def main() -> None:
         facts(suite, "before")
         suite.run("matmul", [sys.executable, "-c", MATMUL, str(args.out / "matmul.json"), str(cores // args.ranks)],
                   30, label="the node's matmul rates")
+        share = cores // args.ranks
+        suite.run("dropout", [sys.executable, str(BENCH / "dropout_kernels.py"), "--threads",
+                              ",".join(str(t) for t in sorted({1, share, cores})), "--batch", "32", "--seq", "128",
+                              "--repeats", "7", "--out", str(args.out / "dropout.json")],
+                  40, label="the dropout kernels at 1 thread, one rank's share and every core")
         for part in parts(args.ranks, cores, args.global_batch, model, args.quick):
             suite.run(part.name, throughput(suite, part), part.estimate_s)
             keep_logs(suite, part.name)
@@ -315,6 +321,8 @@ def summarize(suite: Suite, args: argparse.Namespace, cores: int) -> None:
     commit = (PACKED / "commit").read_text().strip() if (PACKED / "commit").exists() else "?"
     lines = [f"# corecpu node suite: {cpu}, {cores} CPUs, {args.ranks} ranks, commit {commit[:12]}", "",
              f"matmul (2048^3, GFLOP/s, best of 10): {results.get('matmul', 'not measured')}", "",
+             f"dropout kernels (ms, forward and backward, by thread count): "
+             f"{results.get('dropout', {}).get('ms_forward_and_backward', 'not measured')}", "",
              *criteria(results, args.ranks), "",
              "| part | variant | precision | samples/s | vs tuned Trainer | wall s | eval acc | MFU |",
              "|---|---|---|---:|---:|---:|---:|---:|"]

@@ -53,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--shard-optimizer", choices=("auto", "shm", "off"), default="off",
                    help="shm: the optimizer sharded through shared memory instead of DDP's all-reduce")
     p.add_argument("--out", type=Path, default=None, help="JSON of the per-rank medians")
+    p.add_argument("--op-profile", type=Path, default=None, metavar="JSON",
+                   help="also profile the timed full steps with torch.profiler and write rank 0's self CPU time per "
+                        "op (ms a step) here; torch.profiler adds its own cost per op, so the phases are slower")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -91,7 +94,10 @@ def worker(args: argparse.Namespace) -> None:
         times: dict[str, list[float]] = {p: [] for p in PHASES}
         epoch, it = 0, None
         ddp.train()
+        profiler = op_profiler(args.op_profile)
         for micro in range(args.steps):
+            if micro == args.warmup and profiler is not None:
+                profiler.__enter__()
             sync = micro % 2 == 1 or world == 1
             t0 = time.perf_counter()
             batch = next(it, None) if it is not None else None
@@ -132,6 +138,10 @@ def worker(args: argparse.Namespace) -> None:
                 for k, v in record.items():
                     times[k].append(v)
 
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+            if run.is_main:
+                write_op_profile(args.op_profile, profiler, len(times["optimizer"]) or 1, torch.get_num_threads())
         numel = sum(p.numel() for p in model.parameters())
         bare = []
         if world > 1:
@@ -148,6 +158,22 @@ def worker(args: argparse.Namespace) -> None:
         everyone = run.gather(mine)
         if run.is_main:
             report(args, everyone, run.precision.name, f"{desc}; all-reduce {run.allreduce}", world)
+
+
+def op_profiler(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CPU])
+
+
+def write_op_profile(path: Path, profiler: Any, steps: int, threads: int) -> None:
+    """Self CPU time per op name, in ms per full step (a micro-step without sync counts into it too)."""
+    ops = {e.key: round(e.self_cpu_time_total / 1000 / steps, 3) for e in profiler.key_averages()
+           if e.self_cpu_time_total > 0}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"threads": threads, "steps": steps,
+                                "ops_ms_per_step": dict(sorted(ops.items(), key=lambda kv: -kv[1]))}, indent=1) + "\n")
 
 
 def report(args: argparse.Namespace, ranks: list[dict[str, Any]], precision: str, desc: str, world: int) -> None:

@@ -11,15 +11,15 @@ job 1.03-1.07x (benchmarks/README.md).
 
 The bits come from corecpu.compute.counter_random: a counter-based hash computed by torch's parallel int32
 kernels, keyed by one draw from torch's default generator per call. It replaced 64-bit mt19937 draws, which run on
-one thread whatever the rank's thread count: with 2 threads the kernel (a matmul before it, so OpenMP's workers are
-awake) took 3.6 ms instead of 4.9 for 3.1M values, and at one thread 6.7 instead of 7.4 (Zen 5); a 16-thread rank
-would otherwise wait on one thread for some 0.7 ns an element.
+one thread whatever the rank's thread count: with 2 threads the kernel (forward and backward, a matmul before it so
+OpenMP's workers are awake) took 4.2 ms instead of 5.3 for 3.1M values, and at one thread 7.6 instead of 8.0 (Zen 5,
+benchmarks/dropout_kernels.py); a 16-thread rank would otherwise wait on one thread for some 0.7 ns an element.
 
 It is a different random stream from torch's, drawn from the same default generator: a seeded run repeats itself
 whatever the thread count, a checkpoint's random state resumes it bit for bit, and `--dropout torch` gives torch's
-stream back. It is not chosen by timing at start-up: it does less work than torch's kernel on every CPU (no
-double per element, one multiply less), and a start-up timing that flipped between runs would change a resumed
-run's stream.
+stream back. It is not chosen by timing at start-up: a timing that flipped between runs would change a resumed
+run's stream. Where torch draws serially (every CPU but Intel's with MKL, whose `bernoulli_` runs MKL's generator
+on every thread) this does less work at any thread count; benchmarks/node_suite.py times both on the 16-core Xeon.
 
 It applies where a model calls `torch.nn.functional.dropout` (every `nn.Dropout`, Hugging Face's eager attention,
 peft's LoRA dropout) inside the wrapped forward, on the thread running it (see _dispatching_dropout). torch.compile

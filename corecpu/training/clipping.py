@@ -18,10 +18,14 @@ and 11 ms of multiplies, half of each on the 30,522 x 384 word embedding whose r
   sparse_rows wrote (same tensor, same version); otherwise the whole tensor is read. In one process the kept
   embedding gradient (corecpu.compute.embedding_grad) vouches for its written rows the same way.
 
+- **The norm on every thread.** torch reads each whole gradient on one thread for its norm; `total_norm` takes a
+  large gradient's norm by rows, on all of them, and more exactly (see there). Gradients all smaller than
+  BY_ROWS_FROM get torch's norm bit for bit.
+
 Anything else (IPEX's optimizer, a non-fused or other optimizer, gradients the optimizer does not update, a
-GradScaler's own `grad_scale`) gets torch's in-place multiply, with the same coefficient torch computes.
+GradScaler's own `grad_scale`) gets torch's in-place multiply, with the coefficient of that norm.
 `grad_clip="torch"` (`--grad-clip torch`) calls torch.nn.utils.clip_grad_norm_ itself: its rounding bit for bit,
-where the fused step's g / (1/c) and the rows' norm differ from it in the last bits.
+where the fused step's g / (1/c), the row-wise norms and the embedding rows' norm differ from it in the last bits.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class RowSource(Protocol):
 
 
 _EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
+# A gradient this large (elements) has its norm taken over rows of _ROW elements on every thread; a smaller one as
+# torch takes it, so a model of small tensors gets torch's norm bit for bit.
+BY_ROWS_FROM = 1 << 16
+_ROW = 4096
 GRAD_CLIP_CHOICES = ("fused", "torch")
 
 
@@ -53,6 +61,38 @@ def folds_into(optimizer: torch.optim.Optimizer | None) -> bool:
     """Whether `optimizer` applies a `grad_scale` inside its step: torch's fused Adam or AdamW."""
     return (isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) and bool(optimizer.defaults.get("fused"))
             and not hasattr(optimizer, "grad_scale"))
+
+
+def _row_norms(t: torch.Tensor) -> torch.Tensor:
+    """fp32 norms of `t`'s consecutive runs of _ROW elements (and of its tail): their 2-norm is t's."""
+    flat = t.reshape(-1)
+    body = flat.numel() - flat.numel() % _ROW
+    parts = [torch.linalg.vector_norm(flat[:body].view(-1, _ROW), dim=1, dtype=torch.float32)]
+    if body < flat.numel():
+        parts.append(torch.linalg.vector_norm(flat[body:], dtype=torch.float32).reshape(1))
+    return torch.cat(parts)
+
+
+def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all of `tensors` together, as torch.nn.utils.get_total_norm gives it, but with every large
+    tensor's norm taken by rows.
+
+    torch's CPU norm of a whole tensor is a reduction to one value, which its kernel splits over outputs: one
+    thread reads the whole gradient, summing in one fp32 chain. Over rows, every thread takes rows, and each
+    row's short sum is exact to a few ulps. On the 2-vCPU Zen 5, BERT-base's gradient shapes: 10.1 ms at two
+    threads against 5.7 by rows, relative error 3.1e-4 against 3.6e-7 (float64's norm as the truth). A 16-thread
+    rank would otherwise read 440 MB on one core each step. Where there is no large tensor this is torch's
+    computation, bit for bit."""
+    if not tensors:
+        return torch.tensor(0.0)
+    large = [t for t in tensors if t.numel() >= BY_ROWS_FROM]
+    norms = [torch.linalg.vector_norm(t) for t in tensors if t.numel() < BY_ROWS_FROM]
+    if not large:
+        return torch.linalg.vector_norm(torch.stack(norms))
+    parts = [_row_norms(t) for t in large]
+    if norms:
+        parts.append(torch.stack(norms).to(torch.float32))
+    return torch.linalg.vector_norm(torch.cat(parts))
 
 
 class GradientClipper:
@@ -90,7 +130,7 @@ class GradientClipper:
         grads = [p.grad for p in self.parameters if p.grad is not None]
         if not grads:
             return torch.tensor(0.0)
-        total = torch.nn.utils.get_total_norm([self._normed(p) for p in self.parameters if p.grad is not None])
+        total = total_norm([self._normed(p) for p in self.parameters if p.grad is not None])
         coefficient = torch.clamp(max_norm / (total + _EPS), max=1.0)
         if coefficient.item() == 1.0:  # under the limit: torch multiplies by 1, which changes no bit (NaN is not 1)
             self.folded = False  # and the fused step skips its write-back of the gradients: 0.9 ms for MiniLM
@@ -127,4 +167,4 @@ class GradientClipper:
         self.folded = False
 
 
-__all__ = ["GRAD_CLIP_CHOICES", "GradientClipper", "folds_into"]
+__all__ = ["GRAD_CLIP_CHOICES", "GradientClipper", "folds_into", "total_norm"]

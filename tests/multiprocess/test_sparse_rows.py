@@ -27,11 +27,11 @@ def check(reports: list[dict], cases: set[str]) -> None:
             # Both ran with the embedding's gradient on memory kept between steps (corecpu.compute.embedding_grad).
             assert on["embedding_grad"] == off["embedding_grad"] == "recycled"
             assert on["scanning"] is False  # the rows came from the lookup's ids, which the first sync's scan confirmed
-            # The clipper's norm over the union's rows is the whole gradient's norm, up to fp32 summation order;
-            # a gradient written after the sync is read whole.
+            # The clipper's norm over the union's rows is the whole gradient's norm (float64's, as the truth), up to fp32
+            # summation; a missing row would move it by far more. A gradient written after the sync is read whole.
             for norm, union in zip(on["norms"], on["unions"]):
                 assert norm["rows"] == union and not norm["rows_after_write"], norm
-                assert abs(norm["clipped"] - norm["full"]) <= 1e-6 * norm["full"], norm
+                assert abs(norm["clipped"] - norm["full"]) <= 1e-5 * norm["full"], norm
         # The union is every rank's rows together: more than any one rank touched.
         for name in cases:
             per_rank = [x["cases"][name]["on"]["local_rows"] for x in reports]
@@ -45,7 +45,7 @@ def check(reports: list[dict], cases: set[str]) -> None:
         assert all(u == union + 1 for u, union in zip(reg["unions"], r["cases"]["fp32-accum2"]["on"]["unions"])), reg
         # The dense fallback (union over DENSE_ABOVE of the rows, forced) is the same sums too.
         assert r["dense"]["params_equal"] and r["dense"]["grads_equal"] and r["dense"]["dense_steps"] == 3, r["dense"]
-        assert all(n["rows"] is None and abs(n["clipped"] - n["full"]) <= 1e-6 * n["full"] for n in r["dense"]["norms"])
+        assert all(n["rows"] is None and abs(n["clipped"] - n["full"]) <= 1e-5 * n["full"] for n in r["dense"]["norms"])
 
 
 def test_sparse_rows_equal_ddp_dense_on_gloo(tmp_path):

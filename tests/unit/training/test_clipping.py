@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corecpu.training.clipping import GradientClipper, folds_into
+from corecpu.training.clipping import BY_ROWS_FROM, GradientClipper, folds_into, total_norm
 
 
 def params() -> list[torch.nn.Parameter]:
@@ -124,3 +124,29 @@ def test_a_non_finite_norm_is_applied_as_torch_applies_it():
     assert torch.isnan(clipper(1.0)) and torch.isnan(torch.nn.utils.clip_grad_norm_(ref, 1.0))
     for p, r in zip(ps, ref):  # a NaN coefficient is not 1: multiplied in, as torch does (every gradient NaN)
         assert torch.equal(p.grad.isnan(), r.grad.isnan()) and bool(p.grad.isnan().all())
+
+
+def test_total_norm_of_small_tensors_is_torchs_bit_for_bit() -> None:
+    ts = [p.detach() * 3 for p in params()]
+    assert torch.equal(total_norm(ts), torch.nn.utils.get_total_norm(ts))
+    assert float(total_norm([])) == 0.0
+
+
+def test_total_norm_by_rows_is_exact_tail_included_and_the_same_on_any_thread_count() -> None:
+    g = torch.Generator().manual_seed(4)
+    embedding = torch.randn(30522, 96, generator=g)  # 2.9M elements in one tensor: torch sums them in one chain
+    tailed = torch.randn(BY_ROWS_FROM + 1000, generator=g)
+    tailed[-(tailed.numel() % 4096):] = 100.0  # the part past the last whole row carries most of the norm
+    small = torch.randn(768, generator=g)
+    ts = [embedding, tailed, small, torch.randn(96, 3072, generator=g).to(torch.bfloat16)]
+    truth = torch.linalg.vector_norm(torch.cat([t.double().reshape(-1) for t in ts]))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = total_norm(ts)
+        torch.set_num_threads(2)
+        two = total_norm(ts)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.dtype == torch.float32 and torch.equal(one, two)
+    assert abs(float(one) - float(truth)) / float(truth) < 2e-6
