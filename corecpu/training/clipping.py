@@ -79,14 +79,15 @@ def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
 
     torch's CPU norm of a whole tensor is a reduction to one value, which its kernel splits over outputs: one
     thread reads the whole gradient, summing in one fp32 chain. Over rows, every thread takes rows, and each
-    row's short sum is exact to a few ulps. On the 2-vCPU Zen 5, BERT-base's gradient shapes: 10.1 ms at two
-    threads against 5.7 by rows, relative error 3.1e-4 against 3.6e-7 (float64's norm as the truth). A 16-thread
-    rank would otherwise read 440 MB on one core each step. Where there is no large tensor this is torch's
-    computation, bit for bit."""
+    row's short sum is exact to a few ulps. On the 2-vCPU Zen 5, BERT-base's 201 gradients (109.5M values): 16.0 ms
+    at two threads against 12.0 by rows (the same at one thread: two cores share the memory bandwidth), relative
+    error 3.0e-4 against 5.3e-8 (float64's norm as the truth). A 16-thread rank would otherwise read 440 MB on one
+    core each step. Where there is no large tensor this is torch's computation, bit for bit."""
     if not tensors:
         return torch.tensor(0.0)
     large = [t for t in tensors if t.numel() >= BY_ROWS_FROM]
-    norms = [torch.linalg.vector_norm(t) for t in tensors if t.numel() < BY_ROWS_FROM]
+    # One call for the small ones: torch's CPU foreach norm is vector_norm per tensor, the same bits, less Python.
+    norms = list(torch._foreach_norm([t for t in tensors if t.numel() < BY_ROWS_FROM]))
     if not large:
         return torch.linalg.vector_norm(torch.stack(norms))
     parts = [_row_norms(t) for t in large]
