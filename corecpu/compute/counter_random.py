@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_WORDS = 1 << 18  # 1 MiB of int32 per kernel: in a core's L2 between the rounds
+# Words each thread hashes per kernel: 1 MiB of int32 stays in a core's L2 between the rounds. A chunk is this
+# times the thread count, so a 16-thread rank launches as few kernels per value as a one-thread rank.
+CHUNK_WORDS = 1 << 18
 # Below this many values one serial draw beats the hash's ~15 kernel launches: 16K values took 0.06 ms of dropout
 # drawn serially against 0.09 hashed, 64K the same, 184K 0.43 against 0.39 (one Zen 5 core, bf16, kernel included).
 SERIAL_BELOW = 1 << 16
@@ -34,7 +36,7 @@ _MASK32 = 0xFFFFFFFF
 _ROUNDS = ((16, 0x7FEB352D), (15, 0x846CA68B))
 _FINAL_SHIFT = 16
 
-_counter: torch.Tensor | None = None  # 0, 1, ..., CHUNK_WORDS - 1 as int32, made on first use
+_counter: torch.Tensor | None = None  # 0, 1, 2, ... as int32, made on first use and grown to the largest chunk
 
 
 def _signed32(value: int) -> int:
@@ -45,8 +47,8 @@ def _signed32(value: int) -> int:
 
 def _counters(m: int) -> torch.Tensor:
     global _counter
-    if _counter is None:
-        _counter = torch.arange(CHUNK_WORDS, dtype=torch.int32)
+    if _counter is None or _counter.numel() < m:
+        _counter = torch.arange(m, dtype=torch.int32)
     return _counter[:m]
 
 
@@ -66,10 +68,11 @@ def key(generator: torch.Generator | None = None) -> tuple[int, int]:
 def hash_words(words: int, a: int, b: int) -> torch.Tensor:
     """int32 word i = lowbias32(i * a + b mod 2^32), for i < `words`."""
     out = torch.empty(words, dtype=torch.int32)
-    scratch = torch.empty(min(words, CHUNK_WORDS), dtype=torch.int32)
+    chunk = CHUNK_WORDS * torch.get_num_threads()  # the values do not depend on it: each is a function of i
+    scratch = torch.empty(min(words, chunk), dtype=torch.int32)
     multiplier = _signed32(a)
-    for start in range(0, words, CHUNK_WORDS):
-        x = out[start:start + CHUNK_WORDS]
+    for start in range(0, words, chunk):
+        x = out[start:start + chunk]
         s = scratch[:x.numel()]
         torch.mul(_counters(x.numel()), multiplier, out=x)
         x.add_(_signed32(start * a + b))

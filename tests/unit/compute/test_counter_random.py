@@ -22,12 +22,18 @@ def _reference(words: int, a: int, b: int) -> np.ndarray:
     return x.astype(np.uint32).view(np.int32)
 
 
-@pytest.mark.parametrize("words", [1, 5, CHUNK_WORDS - 1, CHUNK_WORDS + 13])
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("a,b", [(1, 0), (0xFFFFFFFF, 0xFFFFFFFF), (0x9E3779B9, 0x7F4A7C15)])
-def test_torchs_int32_kernels_compute_the_hash_exactly(words: int, a: int, b: int) -> None:
+def test_torchs_int32_kernels_compute_the_hash_exactly(threads: int, a: int, b: int) -> None:
     # torch's int32 multiply and add must wrap modulo 2^32 and its masked shift must act as a logical one,
-    # in the vectorised body and the scalar tail alike, across a chunk boundary.
-    assert np.array_equal(hash_words(words, a, b).numpy(), _reference(words, a, b))
+    # in the vectorised body and the scalar tail alike, across chunk boundaries (a chunk per thread count).
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for words in (1, 5, CHUNK_WORDS * threads - 1, 2 * CHUNK_WORDS * threads + 13):
+            assert np.array_equal(hash_words(words, a, b).numpy(), _reference(words, a, b)), words
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_key_is_odd_and_comes_from_the_generator() -> None:
@@ -80,8 +86,10 @@ def test_each_call_takes_one_draw_from_the_default_generator() -> None:
     assert torch.equal(torch.rand(3), after_hash)
 
 
-def test_the_counter_table_is_made_once() -> None:
-    random_int16(SERIAL_BELOW)
-    table = counter_random._counter
+def test_the_counter_table_is_made_once_and_grown_only_for_a_larger_chunk() -> None:
     random_int16(2 * SERIAL_BELOW)
+    table = counter_random._counter
+    random_int16(SERIAL_BELOW)
     assert table is not None and counter_random._counter is table
+    random_int16(8 * CHUNK_WORDS * torch.get_num_threads())
+    assert counter_random._counter.numel() == CHUNK_WORDS * torch.get_num_threads()
