@@ -86,8 +86,9 @@ def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     if not tensors:
         return torch.tensor(0.0)
     large = [t for t in tensors if t.numel() >= BY_ROWS_FROM]
+    small = [t for t in tensors if t.numel() < BY_ROWS_FROM]
     # One call for the small ones: torch's CPU foreach norm is vector_norm per tensor, the same bits, less Python.
-    norms = list(torch._foreach_norm([t for t in tensors if t.numel() < BY_ROWS_FROM]))
+    norms = list(torch._foreach_norm(small)) if small else []
     if not large:
         return torch.linalg.vector_norm(torch.stack(norms))
     parts = [_row_norms(t) for t in large]

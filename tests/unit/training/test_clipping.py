@@ -150,3 +150,5 @@ def test_total_norm_by_rows_is_exact_tail_included_and_the_same_on_any_thread_co
         torch.set_num_threads(threads)
     assert one.dtype == torch.float32 and torch.equal(one, two)
     assert abs(float(one) - float(truth)) / float(truth) < 2e-6
+    only_large = total_norm([embedding])  # no small tensor at all
+    assert abs(float(only_large) - float(torch.linalg.vector_norm(embedding.double()))) < 2e-6 * float(only_large)
