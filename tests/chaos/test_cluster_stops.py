@@ -21,7 +21,10 @@ from corecpu.reliability.preempt import EXIT_STOPPED
 from helpers.chaoslib import (TINY, complete_checkpoint, descendants, long_eval_set, losses, rank_pids, run, start,
                               survivors, wait_for_step)
 
-COMMON = [*TINY, "--max-steps", "40", "--log-every", "1", "--batch-size", "8"]  # --save-every 0: no other save
+# The tiny model's steps take about 10 ms: the signals must land before the last one, after listing the job's
+# processes on a loaded CI machine (40 steps once ended first: 0.3 s after step 7).
+STEPS = 400
+COMMON = [*TINY, "--max-steps", str(STEPS), "--log-every", "1", "--batch-size", "8"]  # --save-every 0: no other save
 STOP_LINE = re.compile(r"stopped by SIGTERM at step (\d+); checkpoint (step-\d+) written; continue with --resume auto")
 
 
@@ -50,7 +53,7 @@ def test_sigterm_to_every_process_saves_and_resumes_exactly(tmp_path, straight, 
     found = STOP_LINE.findall(text)
     assert len(found) == 1, text[-3000:]
     step = int(found[0][0])
-    assert 7 <= step < 40 and found[0][1] == f"step-{step:08d}"
+    assert 7 <= step < STEPS and found[0][1] == f"step-{step:08d}"
     # Intel MPI passes the ranks' 75 on; corecpu's torchrun answers its agent's SignalException with the workers'
     # 75 (issue 30, case 5: before, torchrun's traceback and 1, which retry rules miss).
     assert rc == EXIT_STOPPED, text[-3000:]
