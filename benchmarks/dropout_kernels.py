@@ -24,10 +24,9 @@ from typing import Any, Callable
 
 import torch
 
-from corecpu.compute.dropout import _FastDropout, drop_threshold
+from corecpu.compute.dropout import _LEVELS as LEVELS, _FastDropout, drop_threshold
 
 P = 0.1
-LEVELS = 1 << 16
 
 
 class _SerialDraw(torch.autograd.Function):

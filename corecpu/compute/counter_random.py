@@ -61,7 +61,7 @@ def _xorshift_right(x: torch.Tensor, shift: int, scratch: torch.Tensor) -> None:
 
 def key(generator: torch.Generator | None = None) -> tuple[int, int]:
     """(a, b) for one call: 64 bits from `generator` (torch's default when None), a odd."""
-    bits = int(torch.empty(1, dtype=torch.int64).random_(-(1 << 63), None, generator=generator).item())
+    bits = torch.empty(1, dtype=torch.int64).random_(-(1 << 63), None, generator=generator).item()
     return (bits & _MASK32) | 1, (bits >> 32) & _MASK32
 
 
