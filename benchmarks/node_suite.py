@@ -13,6 +13,9 @@ estimate fits in what is left of the budget (a part that runs over is stopped wi
   minilm-n1     corecpu with 1 rank and every core, the same global batch: is R ranks ever slower?
   bert-nR/n1    a BERT-base-shaped random-init model, 30 steps, corecpu R ranks and 1 rank: MFU
   overhead-nR   corecpu R ranks against one rank alone on one rank's share of the cores (corecpu_1rank)
+  ops-bert      where a BERT-base step's time goes at one rank's share of the cores and at all of them: each
+                op's self time under torch.profiler, and the ops that barely speed up (benchmarks/op_scaling.py)
+  compile-bert  BERT-base, 1 rank with every core, eager against --compile (it lost at 1 and 2 threads per rank)
   minilm-n2/n8  the other rank counts, if time is left
 
 Everything it writes goes under OUT: facts.txt (CPU, versions, load before and after), each part's JSON and
@@ -207,12 +210,14 @@ def main() -> None:
         suite.run("matmul", [sys.executable, "-c", MATMUL, str(args.out / "matmul.json"), str(cores // args.ranks)],
                   30, label="the node's matmul rates")
         share = cores // args.ranks
-        suite.run("dropout", [sys.executable, str(BENCH / "dropout_kernels.py"), "--threads",
+        # glibc's arena kept from trimming: its page faults blur sub-10-ms kernel timings by up to 2x (measured).
+        suite.run("dropout", ["env", "MALLOC_MMAP_MAX_=0", "MALLOC_TRIM_THRESHOLD_=100000000000", sys.executable,
+                              str(BENCH / "dropout_kernels.py"), "--threads",
                               ",".join(str(t) for t in sorted({1, share, cores})), "--batch", "32", "--seq", "128",
                               "--repeats", "7", "--out", str(args.out / "dropout.json")],
                   15, label="the dropout kernels at 1 thread, one rank's share and every core")  # 4.7 s on 2 CPUs
         for part in parts(args.ranks, cores, args.global_batch, model, args.quick):
-            suite.run(part.name, throughput(suite, part), part.estimate_s)
+            suite.run(part.name, command(suite, part), part.estimate_s)
             keep_logs(suite, part.name)
     finally:
         facts(suite, "after")
@@ -227,6 +232,7 @@ class Part:
     ranks: int
     args: tuple[str, ...]
     estimate_s: float  # on the 16-core node; a part starts only when this fits in what is left
+    tool: str = "throughput"  # the benchmarks/ script it runs: throughput or op_scaling
 
 
 def parts(ranks: int, cores: int, global_batch: int, model: str | None, quick: bool = False) -> list[Part]:
@@ -255,6 +261,14 @@ def parts(ranks: int, cores: int, global_batch: int, model: str | None, quick: b
            Part(f"overhead-n{ranks}", m, ranks, (*batch(ranks), "--variants", "corecpu,corecpu_1rank", "--repeats",
                                                  "1", *steps(40)), 100),
            Part("minilm-n1", m, 1, (*batch(1), "--variants", "corecpu", "--repeats", "1", *epoch), 75)]
+    # Diagnosis rather than a bar, so after the bars: which ops a 16-thread step waits on (one rank's share first).
+    counts = sorted({share, cores} | ({1} if share == cores else set()))
+    ops = ("--threads", ",".join(map(str, counts)), "--batch-size", str(global_batch),
+           *(("--steps", "4", "--warmup", "1") if quick else ("--steps", "10", "--warmup", "3")),
+           *(("--vocab", model) if model else ()))
+    out += [Part("ops-bert", "bert-base", 1, ops, 90, tool="op_scaling"),
+            Part("compile-bert", "bert-base", 1, (*batch(1), "--variants", "corecpu", "--corecpu-args",
+                                                  "compile=--compile", "--repeats", "1", *vocab, *steps(30)), 240)]
     for other in (2, 8):
         if other not in (ranks, 1) and cores % other == 0 and global_batch % other == 0:
             out.append(Part(f"minilm-n{other}", m, other, (*batch(other), "--variants", "corecpu", "--repeats", "1",
@@ -262,7 +276,10 @@ def parts(ranks: int, cores: int, global_batch: int, model: str | None, quick: b
     return [replace(p, estimate_s=20) for p in out] if quick else out
 
 
-def throughput(suite: Suite, part: Part) -> list[str]:
+def command(suite: Suite, part: Part) -> list[str]:
+    if part.tool == "op_scaling":
+        return [sys.executable, str(BENCH / "op_scaling.py"), "--model", part.model, "--out",
+                str(suite.out / f"{part.name}.json"), *part.args]
     return [sys.executable, str(BENCH / "throughput.py"), "--model", part.model, "--ranks", str(part.ranks),
             "--out", str(suite.out / f"{part.name}.json"), "--work-dir", str(suite.work / part.name), *part.args]
 
@@ -311,6 +328,16 @@ def criteria(results: dict[str, dict], ranks: int) -> list[str]:
     return lines
 
 
+def op_profile(result: dict | None) -> list[str]:
+    """op_scaling.py's table of a BERT-base step by op, and its verdict on the ops that barely sped up."""
+    if not result:
+        return []
+    most = max(result["threads"])
+    return [f"BERT-base by op (self ms a step under torch.profiler, batch {result['batch_size']}):", "",
+            *result["table"], "", f"at {most} threads, {result['serial_ms']:.1f} of {result['total_ms']:.1f} ms a "
+            f"step is in ops that sped up less than 1.25x from {min(result['threads'])} threads", ""]
+
+
 def summarize(suite: Suite, args: argparse.Namespace, cores: int) -> None:
     results = {}
     for name, part in suite.parts.items():
@@ -323,7 +350,7 @@ def summarize(suite: Suite, args: argparse.Namespace, cores: int) -> None:
              f"matmul (2048^3, GFLOP/s, best of 10): {results.get('matmul', 'not measured')}", "",
              f"dropout kernels (ms, forward and backward, by thread count): "
              f"{results.get('dropout', {}).get('ms_forward_and_backward', 'not measured')}", "",
-             *criteria(results, args.ranks), "",
+             *criteria(results, args.ranks), "", *op_profile(results.pop("ops-bert", None)),
              "| part | variant | precision | samples/s | vs tuned Trainer | wall s | eval acc | MFU |",
              "|---|---|---|---:|---:|---:|---:|---:|"]
     for name, result in results.items():

@@ -65,6 +65,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default="bert-base", help="bert-base (random init, built here), minilm, tiny or a dir")
+    p.add_argument("--vocab", type=Path, default=None, metavar="DIR",
+                   help="--model bert-base's tokenizer (default: MiniLM's 30,522-token one)")
     p.add_argument("--data", default="paraphrase")
     p.add_argument("--threads", default="1,2", help="comma list; each needs that many allowed CPUs")
     p.add_argument("--batch-size", type=int, default=16)
@@ -79,7 +81,7 @@ def main() -> None:
         p.error(f"--threads needs two or more counts, each at most the {len(os.sched_getaffinity(0))} allowed CPUs")
     with tempfile.TemporaryDirectory(prefix="corecpu-op-scaling-") as tmp:
         work = Path(tmp)
-        model = str(bert_base_random(work)) if args.model == "bert-base" else args.model
+        model = str(bert_base_random(work, args.vocab)) if args.model == "bert-base" else args.model
         profiles = {t: profile(t, model, args, work) for t in threads}
         phases = {t: json.loads((work / f"phases-t{t}.json").read_text()) for t in threads}
     rows, serial, total = table(profiles, args.top)

@@ -63,8 +63,8 @@ class RunOptions:
     grad_clip: str = opt("fused", "where run.clip_grad_norm_ applies its scale: fused (inside torch's fused AdamW "
                          "step, one pass over the gradients fewer; equal to torch's clip up to rounding) or torch "
                          "(torch.nn.utils.clip_grad_norm_ itself, bit for bit)", choices=GRAD_CLIP_CHOICES)
-    compile: bool = opt(False, "apply torch.compile to the model (measured: no faster than eager for "
-                        "MiniLM on CPU, plus ~1 min of compiling per new shape; benchmarks/README.md)")
+    compile: bool = opt(False, "apply torch.compile to the model (measured slower than eager: MiniLM at one "
+                        "thread a rank, BERT-base at two (0.90x), plus minutes of compiling; benchmarks/README.md)")
     ipex: str = opt("auto", "auto: ipex.optimize when intel_extension_for_pytorch matches torch; off: never",
                     choices=IPEX_CHOICES)
     threads: int = opt(0, "compute threads per rank (0: this rank's cores, as bound by the launcher or planned here)")

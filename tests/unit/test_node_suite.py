@@ -12,23 +12,32 @@ from benchmarks import node_suite
 
 def test_parts_put_the_headline_first_and_hold_the_global_batch() -> None:
     plan = node_suite.parts(ranks=4, cores=16, global_batch=32, model="/m")
-    assert [p.name for p in plan] == ["minilm-n4", "bert-n4", "bert-n1", "overhead-n4", "minilm-n1", "minilm-n2",
-                                      "minilm-n8"]
-    for part in plan:
+    assert [p.name for p in plan] == ["minilm-n4", "bert-n4", "bert-n1", "overhead-n4", "minilm-n1", "ops-bert",
+                                      "compile-bert", "minilm-n2", "minilm-n8"]
+    for part in (p for p in plan if p.tool == "throughput"):
         batch = int(part.args[part.args.index("--batch-size") + 1])
         assert batch * part.ranks == 32, part.name
     head = plan[0]
     assert "corecpu,corecpu_auto,trainer_tuned" in head.args
     assert head.args[head.args.index("--torchrun-threads") + 1] == "4"
-    assert all(p.model == "/m" for p in plan if not p.name.startswith("bert"))
+    assert all(p.model == ("bert-base" if "bert" in p.name else "/m") for p in plan)
     bert = plan[1]
     assert bert.model == "bert-base" and bert.args[bert.args.index("--bert-vocab") + 1] == "/m"
+    # The op profile: one rank's share of the cores and all of them, at the whole global batch, MiniLM's vocabulary.
+    ops = plan[5]
+    assert ops.tool == "op_scaling" and ops.args[ops.args.index("--threads") + 1] == "4,16"
+    assert ops.args[ops.args.index("--batch-size") + 1] == "32" and ops.args[ops.args.index("--vocab") + 1] == "/m"
 
 
 def test_parts_skip_rank_counts_that_do_not_fit_and_quick_is_short() -> None:
     plan = node_suite.parts(ranks=2, cores=2, global_batch=32, model=None, quick=True)
-    assert [p.name for p in plan] == ["minilm-n2", "bert-n2", "bert-n1", "overhead-n2", "minilm-n1"]
-    assert all(p.estimate_s == 20 and p.args[p.args.index("--max-steps") + 1] == "12" for p in plan)
+    assert [p.name for p in plan] == ["minilm-n2", "bert-n2", "bert-n1", "overhead-n2", "minilm-n1", "ops-bert",
+                                      "compile-bert"]
+    assert all(p.estimate_s == 20 for p in plan)
+    assert all(p.args[p.args.index("--max-steps") + 1] == "12" for p in plan if p.tool == "throughput")
+    # One rank with every core: the profile adds one thread for the scaling it reports.
+    ops = plan[-2]
+    assert ops.args[ops.args.index("--threads") + 1] == "1,2" and "--vocab" not in ops.args
     assert plan[0].model == "minilm" and "--bert-vocab" not in plan[1].args  # the node's MiniLM package
 
 
@@ -53,6 +62,23 @@ def test_criteria_say_met_and_not_met_with_their_numbers() -> None:
     # 0.5 x 4 TFLOP/s = 2 TFLOP/s of the node's 4.318: 46%.
     assert "2.00 TFLOP/s = 46.3% of the node's 2048^3 bf16 rate (bar 35%: met)" in lines[2]
     assert lines[3].endswith("+8.0% (bar 10%: met)")
+
+
+def test_the_op_profile_runs_op_scaling_and_its_table_reaches_the_summary(tmp_path: Path) -> None:
+    suite = node_suite.Suite(tmp_path / "out", budget=60, work=tmp_path / "work")
+    try:
+        ops = next(p for p in node_suite.parts(ranks=4, cores=16, global_batch=32, model=None) if p.name == "ops-bert")
+        cmd = node_suite.command(suite, ops)
+        assert cmd[1].endswith("op_scaling.py") and cmd[cmd.index("--out") + 1].endswith("ops-bert.json")
+        assert "--ranks" not in cmd and "--work-dir" not in cmd  # throughput.py's flags, not op_scaling.py's
+    finally:
+        suite.log.close()
+    result = {"threads": [4, 16], "batch_size": 32, "table": ["| op | 4 thr ms | 16 thr ms | speed-up 4->16 |"],
+              "serial_ms": 61.5, "total_ms": 400.0}
+    lines = node_suite.op_profile(result)
+    assert lines[2] == result["table"][0]
+    assert "at 16 threads, 61.5 of 400.0 ms a step is in ops that sped up less than 1.25x from 4 threads" in lines
+    assert node_suite.op_profile(None) == []
 
 
 def test_criteria_leave_out_what_did_not_run() -> None:
