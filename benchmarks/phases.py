@@ -3,7 +3,7 @@
     python benchmarks/phases.py                                    # MiniLM, --data paraphrase, 2 ranks
     python benchmarks/phases.py --model tiny --data builtin --steps 20 --warmup 4
 
-Starts N ranks with `./launch.sh N benchmarks/phases.py` (mpirun, each rank bound by
+Starts N ranks as `./launch.sh N benchmarks/phases.py` would (mpirun, each rank bound by
 corecpu) and builds the step as train.py does, through the front door: `corecpu.setup()`,
 `run.loader` (length-grouped like train.py's default), fused AdamW, `run.wrap` (DDP with
 corecpu's gradient all-reduce path and settled precision), `run.autocast()`. Each phase
@@ -62,7 +62,10 @@ def parse_args() -> argparse.Namespace:
 
 def launch(args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")}
-    cmd = [str(ROOT / "launch.sh"), str(args.ranks), str(Path(__file__).resolve()), *sys.argv[1:], "--worker"]
+    # launch.sh's last line with this Python, without its install check: the same launch, and it also runs where
+    # the environment came preinstalled and nothing can be fetched (issue 29's node; harness.command does the same).
+    cmd = [sys.executable, "-m", "corecpu.launch", "--default-script", str(ROOT / "train.py"), str(args.ranks),
+           str(Path(__file__).resolve()), *sys.argv[1:], "--worker"]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
