@@ -58,7 +58,8 @@ def test_criteria_say_met_and_not_met_with_their_numbers() -> None:
     lines = node_suite.criteria(results, ranks=4)
     assert lines[0].startswith("- corecpu 4 ranks against the tuned Trainer (trainer_tuned)") and "1.19x" in lines[0]
     assert "bar 1.3x: NOT met" in lines[0]
-    assert "140.0 samples/s against 1 rank with every core 150.0" in lines[1] and "NOT met" in lines[1]
+    assert "140.0 samples/s against 1 rank with every core 150.0, same global batch: 0.933x" in lines[1]
+    assert "NOT met" in lines[1]
     # 0.5 x 4 TFLOP/s = 2 TFLOP/s of the node's 4.318: 46%.
     assert "2.00 TFLOP/s = 46.3% of the node's 2048^3 bf16 rate (bar 35%: met)" in lines[2]
     assert lines[3].endswith("+8.0% (bar 10%: met)")
