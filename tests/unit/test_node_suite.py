@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -121,3 +122,19 @@ def test_a_missing_module_without_its_wheel_is_one_clear_error(tmp_path: Path,
             node_suite.unpack_missing(suite)
     finally:
         suite.log.close()
+
+
+def test_phases_starts_its_ranks_without_launch_sh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch.sh's first use creates a virtualenv and installs into it, which the air-gapped node cannot do:
+    phases.py (which the suite's op profile runs) starts its ranks with corecpu's launcher and its own Python."""
+    from benchmarks import phases
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(phases.subprocess, "run",
+                        lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(phases.sys, "argv", ["phases.py", "--ranks", "2", "--model", "tiny"])
+    assert phases.launch(phases.parse_args()) == 0
+    cmd = seen[0]
+    assert cmd[:3] == [phases.sys.executable, "-m", "corecpu.launch"] and not any("launch.sh" in c for c in cmd)
+    assert cmd[cmd.index("--default-script") + 2:cmd.index("--default-script") + 4] == ["2", phases.__file__]
+    assert cmd[-1] == "--worker"
