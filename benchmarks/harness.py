@@ -140,6 +140,13 @@ def _data_args(cfg: BenchConfig) -> list[str]:
     return args
 
 
+def corecpu_launch(python: str = sys.executable, tree: Path = ROOT) -> list[str]:
+    """launch.sh's last line (`exec python -m corecpu.launch --default-script train.py N ...`) with `python`: the
+    same launch without launch.sh's install check, so it also runs where the environment came preinstalled and
+    nothing can be fetched (issue 29's air-gapped node). The rank count and the script follow."""
+    return [python, "-m", "corecpu.launch", "--default-script", str(tree / "train.py")]
+
+
 def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path,
             python: str = sys.executable) -> list[str]:
     """The command line of one run. `precision` None lets corecpu resolve it (--precision auto);
@@ -151,11 +158,8 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
         train = ["--model", cfg.model_spec, *_data_args(cfg), *length, *_non_default(cfg),
                  *(["--precision", precision] if precision else []),
                  "--output-dir", str(run_dir / output_name(variant)), "--log-every", "1", "--progress", "off", *extra]
-        # launch.sh's last line (`exec python -m corecpu.launch --default-script train.py N ...`) with this Python:
-        # the same launch without launch.sh's install check, so it also runs where the environment came
-        # preinstalled and nothing can be fetched (issue 29's air-gapped node).
         tree = Path(cfg.reference_tree) if variant.startswith("corecpu@") else ROOT  # an earlier commit: its own
-        launch = [python, "-m", "corecpu.launch", "--default-script", str(tree / "train.py")]
+        launch = corecpu_launch(python, tree)
         if variant == ONE_RANK:  # the user's own narrowing, which corecpu's launcher passes on to the rank
             return ["taskset", "-c", cfg.one_rank_cpus, *launch, "1", *train]
         if variant == AUTO:  # the per-rank batch follows the rank count auto picks; the global batch is held

@@ -336,7 +336,8 @@ def op_profile(result: dict | None) -> list[str]:
     most = max(result["threads"])
     return [f"BERT-base by op (self ms a step under torch.profiler, batch {result['batch_size']}):", "",
             *result["table"], "", f"at {most} threads, {result['serial_ms']:.1f} of {result['total_ms']:.1f} ms a "
-            f"step is in ops that sped up less than 1.25x from {min(result['threads'])} threads", ""]
+            f"step is in ops that sped up less than {result['serial_below']}x from {min(result['threads'])} "
+            "threads", ""]
 
 
 def summarize(suite: Suite, args: argparse.Namespace, cores: int) -> None:

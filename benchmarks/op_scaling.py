@@ -92,6 +92,7 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"model": args.model, "batch_size": args.batch_size, "threads": threads,
                                         "profiles": profiles, "phases": phases, "serial_ms": serial,
+                                        "serial_below": SERIAL_BELOW,
                                         "total_ms": total, "table": rows}, indent=1) + "\n")
 
 

@@ -62,10 +62,9 @@ def parse_args() -> argparse.Namespace:
 
 def launch(args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_AFFINITY")}
-    # launch.sh's last line with this Python, without its install check: the same launch, and it also runs where
-    # the environment came preinstalled and nothing can be fetched (issue 29's node; harness.command does the same).
-    cmd = [sys.executable, "-m", "corecpu.launch", "--default-script", str(ROOT / "train.py"), str(args.ranks),
-           str(Path(__file__).resolve()), *sys.argv[1:], "--worker"]
+    from harness import corecpu_launch  # a sibling, as a script imports it (the ranks do not need it)
+
+    cmd = [*corecpu_launch(), str(args.ranks), str(Path(__file__).resolve()), *sys.argv[1:], "--worker"]
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
