@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, ResNetConfig,
@@ -49,7 +51,7 @@ def test_timing_leaves_the_model_and_the_random_stream_as_they_were() -> None:
     torch.manual_seed(123)
     ratio = measure_sdpa_over_eager(model, batch=2, seq=8, bf16=False, rounds=1)
     assert torch.equal(torch.rand(3), expected)  # dropout inside the timing drew from a forked stream
-    assert 0.05 < ratio < 20
+    assert math.isfinite(ratio) and ratio > 0  # its size is the host's business: a loaded CI runner skews one round
     assert not model.training and model.config._attn_implementation == "sdpa"
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
@@ -88,7 +90,11 @@ def test_only_encoders_with_an_sdpa_path_are_switched() -> None:
 
 def test_timing_stays_inside_the_models_positions_and_vocabulary() -> None:
     model = tiny_bert()  # 512 positions, 500 ids
-    assert 0.05 < measure_sdpa_over_eager(model, batch=1, seq=600, bf16=False, rounds=1) < 20
+    seen: list[torch.Tensor] = []
+    model.get_input_embeddings().register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    ratio = measure_sdpa_over_eager(model, batch=1, seq=600, bf16=False, rounds=1)
+    assert math.isfinite(ratio) and ratio > 0
+    assert seen and all(ids.shape == (1, 512) and 0 <= int(ids.min()) and int(ids.max()) < 500 for ids in seen)
 
 
 def test_the_cache_keeps_the_ratio_the_ranks_agreed_on(tmp_path) -> None:
