@@ -22,13 +22,13 @@ DEFAULT_VARIANTS = ("corecpu", "trainer_tuned", "trainer_ddp", "trainer_1proc")
 ONE_RANK = "corecpu_1rank"
 # corecpu_auto: `launch.sh auto --global-batch-size ranks x batch`: corecpu picks the ranks per node by measuring.
 AUTO = "corecpu_auto"
-# trainer_1proc_tuned: one process, every core as threads, the whole global batch, length-grouped, bf16: the
-# tuned Trainer where one process beats torchrun's ranks (a careful user tries both).
+# trainer_1proc_tuned: one process, every core as threads, the whole global batch, length-grouped, at the tuned
+# precision: the tuned Trainer where one process beats torchrun's ranks (a careful user tries both).
 ONE_PROC_TUNED = "trainer_1proc_tuned"
 KNOWN_VARIANTS = (*DEFAULT_VARIANTS, "trainer_ddp_grouped", "plain_ddp", ONE_RANK, AUTO, ONE_PROC_TUNED)
-# What a user who tunes the Trainer runs: torchrun, group_by_length, bf16=True, whatever the CPU. Its
-# precision is the user's flag, not corecpu's measurement, so it is bf16 even where bf16 measured slower.
-TUNED, TUNED_PRECISION = "trainer_tuned", "bf16"
+# What a user who tunes the Trainer runs: torchrun, group_by_length, and whichever of fp32 and bf16 trains faster
+# on the CPU at hand (BenchConfig.tuned_precision: throughput.py times both with tuned_precision.py).
+TUNED = "trainer_tuned"
 TORCHRUN_VARIANTS = ("trainer_ddp", "trainer_ddp_grouped", TUNED, "plain_ddp")
 MODEL_SPECS = {"minilm": "default", "tiny": "tiny"}  # our name -> corecpu's --model value (else a path)
 DATA_SUFFIXES = (".tsv", ".csv", ".jsonl")
@@ -48,6 +48,7 @@ class BenchConfig:
     max_steps: int = 0
     seed: int = 0
     precision: str = "auto"            # what the user asked for
+    tuned_precision: str = "bf16"      # the tuned Trainers': the faster one, which throughput.py measures
     corecpu_extra: dict[str, str] = field(default_factory=dict)  # variant suffix -> extra train.py args
     one_rank_cpus: str = ""            # corecpu_1rank's CPUs (one rank's share), e.g. "0" or "0-3"
     reference: str = ""                # corecpu@REF: the commit's short name
@@ -173,14 +174,12 @@ def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path
     base = ["--model", cfg.model_spec, *_data_args(cfg), *length, "--max-seq-len", str(cfg.max_seq_len),
             "--seed", str(cfg.seed), "--precision", precision, "--out-json", str(out)]
     torchrun = [str(Path(python).parent / "torchrun"), "--standalone", "--nproc-per-node", str(cfg.ranks)]
-    if variant == TUNED:
-        base[base.index("--precision") + 1] = TUNED_PRECISION
+    if variant in (TUNED, ONE_PROC_TUNED):
+        base[base.index("--precision") + 1] = cfg.tuned_precision
     if variant in ("trainer_ddp", "trainer_ddp_grouped", TUNED):
         grouped = "--no-group-by-length" if variant == "trainer_ddp" else "--group-by-length"
         return [*torchrun, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size), grouped]
     if variant in ("trainer_1proc", ONE_PROC_TUNED):
-        if variant == ONE_PROC_TUNED:
-            base[base.index("--precision") + 1] = TUNED_PRECISION
         return [python, str(BENCH / "hf_trainer.py"), *base, "--batch-size", str(cfg.batch_size * cfg.ranks),
                 "--group-by-length" if variant == ONE_PROC_TUNED else "--no-group-by-length"]
     if variant == "plain_ddp":

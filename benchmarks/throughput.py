@@ -12,8 +12,8 @@
 Variants (same model and init, data, global batch, lr, schedule, clipping, max length,
 seed, precision, epochs):
   corecpu              ./launch.sh N train.py, corecpu's defaults (precision auto as it resolves it)
-  trainer_tuned        torchrun --nproc-per-node N hf_trainer.py, group_by_length, bf16=True: the
-                       Trainer as a user tunes it (the anchor of every ratio)
+  trainer_tuned        torchrun --nproc-per-node N hf_trainer.py, group_by_length, and the faster of fp32
+                       and bf16 here (--tuned-precision): the Trainer as a user tunes it (the anchor)
   trainer_ddp          the same with random sampling at corecpu's precision (the Trainer's default)
   trainer_ddp_grouped  (on request) trainer_ddp with group_by_length
   trainer_1proc        python hf_trainer.py, one process, batch N x B, all cores as threads
@@ -23,7 +23,8 @@ seed, precision, epochs):
   corecpu@COMMIT       (--reference COMMIT) that commit's corecpu with its defaults, for tokens/s against it
   corecpu_auto         (on request) ./launch.sh auto --global-batch-size N x B: corecpu picks the ranks per
                        node by measuring (its first run pays the trials; later ones read them back)
-  trainer_1proc_tuned  (on request) trainer_1proc length-grouped in bf16: the tuned Trainer as one process
+  trainer_1proc_tuned  (on request) trainer_1proc length-grouped at the tuned precision: the tuned Trainer as
+                       one process
 Each run trains, evaluates after every epoch and after its last step, and records rank 0's
 wall clock at the end of every optimizer step. Throughput = counted global samples of steps
 W+1..S / their time, without intervals holding an evaluation. Variants run interleaved
@@ -34,6 +35,7 @@ keeps N spinning processes running through every run. See README.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.metadata
 import importlib.util
@@ -85,6 +87,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds of all variants")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="auto: what corecpu resolves in its first run, then passed to every other variant")
+    p.add_argument("--tuned-precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="the tuned Trainers' precision; auto: the faster of the two for this model at their "
+                        "threads, timed before the runs (tuned_precision.py)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", default=",".join(harness.DEFAULT_VARIANTS),
                    help=f"comma list from {', '.join(harness.KNOWN_VARIANTS)}")
@@ -311,6 +316,27 @@ def print_tables(result: dict[str, Any], markdown: bool) -> None:
         print("\n" + stats.markdown(result))
 
 
+def measure_tuned_precision(args: argparse.Namespace, cfg: BenchConfig, env: dict[str, str],
+                            torchrun_threads: int) -> dict[str, Any]:
+    """The tuned Trainers' precision and how it was chosen: as asked, or timed for trainer_tuned's processes
+    (its threads, its per-process batch) in a child process, which keeps torch out of this one."""
+    if args.tuned_precision != "auto":
+        return {"precision": args.tuned_precision, "by": "--tuned-precision"}
+    if not {harness.TUNED, harness.ONE_PROC_TUNED} & set(args.order):
+        return {"precision": "bf16", "by": "no tuned Trainer variant ran"}
+    cmd = [sys.executable, str(harness.BENCH / "tuned_precision.py"), "--model", cfg.model_spec,
+           "--threads", str(torchrun_threads), "--batch-size", str(cfg.batch_size)]
+    with console.status("timing bf16 against fp32 for the tuned Trainer..."):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"throughput.py: timing the tuned Trainer's precision failed ({' '.join(cmd)}):\n"
+                         f"{done.stderr[-2000:]}\npass --tuned-precision fp32 or bf16 to choose it yourself")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    console.print(f"tuned Trainer precision: {found['precision']} (bf16 measured {found['bf16_speedup']:.2f}x "
+                  f"fp32 at {found['threads']} thread(s), {found['shapes']})")
+    return {**found, "by": "tuned_precision.py"}
+
+
 def run_rounds(args: argparse.Namespace, cfg: BenchConfig, work: Path, env: dict[str, str], torchrun_threads: int,
                precision: str | None, resolved_by: str | None, raw: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     """Every variant once per round, rounds interleaved; appends to `raw`. Returns the precision used."""
@@ -370,6 +396,8 @@ def main() -> None:
     one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                      env=env, capture_output=True, text=True, check=True).stdout)
     torchrun_threads = args.torchrun_threads or max(1, one_process // args.ranks)
+    tuned = measure_tuned_precision(args, cfg, env, torchrun_threads)
+    cfg = dataclasses.replace(cfg, tuned_precision=tuned["precision"])
     console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\n"
                   f"logs and run outputs: {work}")
     raw: list[dict[str, Any]] = []
@@ -385,7 +413,8 @@ def main() -> None:
               "precision_mismatch": mismatched, "seed": args.seed, "variants": args.order,
               "corecpu_extra": args.corecpu_extra, "one_process_threads": one_process,
               "one_rank_cpus": cfg.one_rank_cpus, "reference": args.reference or None,
-              "torchrun_omp_num_threads": torchrun_threads, "background_load": args.background_load}
+              "torchrun_omp_num_threads": torchrun_threads, "background_load": args.background_load,
+              "tuned_precision": tuned}
     result = {"config": config, "machine": machine(), **stats.summarize(raw, args.order),
               "comparisons": comparisons(raw, args.order, args.ranks), "raw": raw,
               "method": "samples_per_s = counted global samples of steps W+1..S / their summed step intervals "

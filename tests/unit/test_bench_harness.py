@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -164,9 +165,13 @@ def test_commands_hold_batch_precision_and_data_equal(tmp_path: Path) -> None:
     assert ddp[ddp.index("--batch-size") + 1] == "16" and one[one.index("--batch-size") + 1] == "32"
     assert "--no-group-by-length" in ddp and "--group-by-length" in grouped and "torchrun" not in one[0]
     assert all(c[c.index("--precision") + 1] == "bf16" for c in (ddp, one, grouped))
-    # The tuned Trainer is bf16 and length-grouped whatever corecpu measured, as a user's bf16=True is.
+    # The tuned Trainers are length-grouped, at the precision measured faster for them, whatever corecpu chose.
     tuned = harness.command("trainer_tuned", cfg, "fp32", tmp_path)
     assert tuned[tuned.index("--precision") + 1] == "bf16" and "--group-by-length" in tuned and "torchrun" in tuned[0]
+    emulated = dataclasses.replace(cfg, tuned_precision="fp32")  # bf16 measured slower for the Trainer
+    for variant in ("trainer_tuned", "trainer_1proc_tuned"):
+        run = harness.command(variant, emulated, "bf16", tmp_path)
+        assert run[run.index("--precision") + 1] == "fp32" and "--group-by-length" in run
     assert harness.command("trainer_ddp", cfg, "fp32", tmp_path)[ddp.index("--precision") + 1] == "fp32"
     bigger = harness.command("corecpu", harness.BenchConfig(batch_size=8), None, tmp_path)
     assert bigger[bigger.index("--batch-size") + 1] == "8"
