@@ -35,6 +35,10 @@ from corecpu.cpu.hardware import CpuFeatures
 # repeated calls spread by up to -20%/+6% on a heavily shared machine (benchmarks/README.md);
 # between 1.0 and 1.1 the gain is within that noise, and fp32 is the exact choice.
 BF16_MARGIN = 1.10
+# A first timed round further than this factor from the margin decides alone: the noise above moves a ratio by
+# tens of percent, not 2x. On a CPU that emulates bf16 (AVX2 only) one bf16 step takes 10x an fp32 one, and
+# two more rounds of it were half of a first start-up's 7 s calibration (a 2-vCPU Zen 3, benchmarks/README.md).
+DECISIVE = 2.0
 # Flags that change how bf16 or fp32 matmuls run; part of the cache key.
 KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_fp16")
 CACHE_FILE = "precision.json"
@@ -231,7 +235,8 @@ def measure_bf16_speedup(shapes: CalibrationShapes, threads: int, budget_s: floa
     """fp32 time / bf16-autocast time of one training step's work, on `threads` threads.
 
     Rounds alternate the order of the two precisions and repeat until `budget_s` is spent
-    (at least `min_rounds`); the ratio is of the per-precision medians.
+    (at least `min_rounds`, unless the first is decisive: alternate_rounds); the ratio is of the per-precision
+    medians.
     """
     import torch
 
@@ -255,16 +260,31 @@ def measure_bf16_speedup(shapes: CalibrationShapes, threads: int, budget_s: floa
                 return total
 
             one(False), one(True)  # first calls pick oneDNN kernels and grow the allocator
-            fp32, bf16 = [], []
-            deadline = time.perf_counter() + budget_s
-            for r in range(max_rounds):
-                for is_bf16 in ((False, True) if r % 2 == 0 else (True, False)):
-                    (bf16 if is_bf16 else fp32).append(one(is_bf16))
-                if r + 1 >= min_rounds and time.perf_counter() >= deadline:
-                    break
+            fp32, bf16 = alternate_rounds(one, budget_s=budget_s, min_rounds=min_rounds, max_rounds=max_rounds)
             return statistics.median(fp32) / statistics.median(bf16)
     finally:
         torch.set_num_threads(old_threads)
+
+
+def alternate_rounds(one: Callable[[bool], float], *, budget_s: float, min_rounds: int, max_rounds: int,
+                     margin: float = BF16_MARGIN, decisive: float = DECISIVE,
+                     now: Callable[[], float] = time.perf_counter) -> tuple[list[float], list[float]]:
+    """The fp32 and bf16 times of rounds that alternate which precision goes first (`one(bf16)` times one), until
+    `budget_s` has passed and `min_rounds` are in, or `max_rounds`; or after the first round, when its ratio lies
+    beyond `decisive` times the margin either way (more rounds could not move it across the margin)."""
+    fp32: list[float] = []
+    bf16: list[float] = []
+    deadline = now() + budget_s
+    for r in range(max_rounds):
+        for is_bf16 in ((False, True) if r % 2 == 0 else (True, False)):
+            (bf16 if is_bf16 else fp32).append(one(is_bf16))
+        if r == 0 and bf16[0] > 0:
+            ratio = fp32[0] / bf16[0]
+            if ratio < margin / decisive or ratio > margin * decisive:
+                break
+        if r + 1 >= min_rounds and now() >= deadline:
+            break
+    return fp32, bf16
 
 
 # ---------------------------------------------------------------- cache

@@ -13,9 +13,9 @@ from corecpu.compute import precision as prec
 from corecpu.envvars import cache_dir
 from corecpu.errors import CoreCPUError
 from corecpu.cpu.hardware import CpuFeatures
-from corecpu.compute.precision import (BF16_MARGIN, CalibrationShapes, PrecisionChoice, agree_precision, cache_key,
-                               decide_precision, measure_bf16_speedup, resolve_precision,
-                               typical_batch_length)
+from corecpu.compute.precision import (BF16_MARGIN, CalibrationShapes, PrecisionChoice, agree_precision,
+                                       alternate_rounds, cache_key, decide_precision, measure_bf16_speedup,
+                                       resolve_precision, typical_batch_length)
 
 SPR = CpuFeatures("Intel Xeon Platinum 8480+", frozenset({"avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile"}))
 ICX = CpuFeatures("Intel Xeon Platinum 8380", frozenset({"avx512f", "avx512_vnni"}))
@@ -130,6 +130,36 @@ def test_calibration_returns_a_positive_finite_ratio_and_leaves_threads_and_rng_
 
 
 # ---------------------------------------------------------------- cache
+
+class FakeSteps:
+    """one(bf16) for alternate_rounds: fixed times per precision, on a fake clock that each call advances."""
+
+    def __init__(self, fp32_s: float, bf16_s: float) -> None:
+        self.times, self.clock, self.calls = {False: fp32_s, True: bf16_s}, 0.0, []
+
+    def one(self, bf16: bool) -> float:
+        self.calls.append(bf16)
+        self.clock += self.times[bf16]
+        return self.times[bf16]
+
+
+@pytest.mark.parametrize("fp32_s, bf16_s", [(0.1, 1.2), (0.3, 0.1)])  # emulated bf16 (0.08x); AMX-like (3x)
+def test_a_decisive_first_round_ends_the_calibration(fp32_s, bf16_s):
+    steps = FakeSteps(fp32_s, bf16_s)
+    fp32, bf16 = alternate_rounds(steps.one, budget_s=10.0, min_rounds=3, max_rounds=20, now=lambda: steps.clock)
+    assert (fp32, bf16) == ([fp32_s], [bf16_s]) and steps.calls == [False, True]
+
+
+@pytest.mark.parametrize("fp32_s, bf16_s", [(0.1, 0.18), (0.1, 0.1), (0.21, 0.1)])  # 0.56x, 1.0x, 2.1x
+def test_a_ratio_near_the_margin_gets_the_budget_and_the_minimum_rounds(fp32_s, bf16_s):
+    steps = FakeSteps(fp32_s, bf16_s)
+    fp32, bf16 = alternate_rounds(steps.one, budget_s=0.0, min_rounds=3, max_rounds=20, now=lambda: steps.clock)
+    assert len(fp32) == len(bf16) == 3
+    assert steps.calls == [False, True, True, False, False, True]  # the order alternates by round
+    steps = FakeSteps(fp32_s, bf16_s)
+    fp32, _ = alternate_rounds(steps.one, budget_s=2.0, min_rounds=3, max_rounds=20, now=lambda: steps.clock)
+    assert 3 < len(fp32) < 20 and steps.clock >= 2.0  # until the budget is spent
+
 
 def test_cache_dir_from_env(tmp_path):
     assert cache_dir({"CORECPU_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/x"}) == tmp_path / "c"
