@@ -148,6 +148,22 @@ def corecpu_launch(python: str = sys.executable, tree: Path = ROOT) -> list[str]
     return [python, "-m", "corecpu.launch", "--default-script", str(tree / "train.py")]
 
 
+def time_tuned_precision(model_spec: str, threads: int, batch_size: int, env: dict[str, str], timeout: float,
+                         seq_len: int = 64, python: str = sys.executable) -> dict[str, Any]:
+    """The tuned Trainer's precision, timed by tuned_precision.py in a child process (torch stays out of the
+    harness): its JSON line, with "by". A failed timing ends the benchmark with a line naming the fix."""
+    import json
+    import subprocess
+
+    cmd = [python, str(BENCH / "tuned_precision.py"), "--model", model_spec, "--threads", str(threads),
+           "--batch-size", str(batch_size), "--seq-len", str(seq_len)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"timing the tuned Trainer's precision failed ({' '.join(cmd)}):\n{done.stderr[-2000:]}\n"
+                         "pass --tuned-precision fp32 or bf16 to choose it yourself")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "by": "tuned_precision.py"}
+
+
 def command(variant: str, cfg: BenchConfig, precision: str | None, run_dir: Path,
             python: str = sys.executable) -> list[str]:
     """The command line of one run. `precision` None lets corecpu resolve it (--precision auto);

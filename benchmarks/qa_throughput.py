@@ -10,7 +10,8 @@ tokens, stride 128), per-rank batch, lr, warm-up, clipping, seed and epochs:
   corecpu         ./launch.sh N train.py --task qa, corecpu's defaults (precision auto)
   trainer_runqa   torchrun + benchmarks/hf_trainer_qa.py: run_qa.py's defaults (every window padded
                   to 384, random sampling, fp32)
-  trainer_tuned   the same with dynamic padding, group_by_length and bf16=True
+  trainer_tuned   the same with dynamic padding, group_by_length and the faster of fp32 and bf16 here
+                  (--tuned-precision; auto times both with tuned_precision.py before the runs)
 Each trains, then evaluates once (n-best post-processing, SQuAD EM/F1). Throughput = global
 samples of steps W+1..S / their time (rank 0's clock at each optimizer step's end); wall = the
 whole command, start-up, tokenization, evaluation and saving included. Variants run interleaved
@@ -57,6 +58,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seeds", default="", help="comma-separated; repeat i runs at the i-th seed (overrides "
                    "--seed and --repeats), for accuracy compared seed by seed")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--tuned-precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="trainer_tuned's precision; auto: the faster of the two for this model, timed before the runs")
     p.add_argument("--work-dir", type=Path, default=None)
     p.add_argument("--timeout", type=float, default=7200)
     p.add_argument("--report", type=Path, default=None, help="print the tables of an existing result JSON")
@@ -78,7 +81,7 @@ def command(variant: str, args: argparse.Namespace, run_dir: Path, seed: int) ->
         return [str(harness.ROOT / "launch.sh"), str(args.ranks), "--task", "qa", *common, "--log-every", "1",
                 "--progress", "off", "--output-dir", str(run_dir / variant)]
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", str(args.ranks)]
-    tuned = ["--tuned"] if variant == "trainer_tuned" else []
+    tuned = ["--tuned", "--precision", args.tuned_precision] if variant == "trainer_tuned" else []
     return [*torchrun, str(harness.BENCH / "hf_trainer_qa.py"), *common, *tuned,
             "--out-json", str(run_dir / f"{variant}.json")]
 
@@ -218,6 +221,14 @@ def main() -> None:
     one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                      env=env, capture_output=True, text=True, check=True).stdout)
     torchrun_env = {**env, "OMP_NUM_THREADS": str(max(1, one_process // args.ranks))}  # as throughput.py does
+    tuned_by: dict[str, Any] = {"precision": args.tuned_precision, "by": "--tuned-precision"}
+    if "trainer_tuned" in order and args.tuned_precision == "auto":  # QA features run up to 384 tokens
+        tuned_by = harness.time_tuned_precision(harness.MODEL_SPECS.get(args.model, args.model),
+                                                int(torchrun_env["OMP_NUM_THREADS"]), args.batch_size, env,
+                                                args.timeout, seq_len=384)
+        print(f"trainer_tuned precision: {tuned_by['precision']} (bf16 measured {tuned_by['bf16_speedup']:.2f}x fp32)",
+              flush=True)
+    args.tuned_precision = tuned_by["precision"]
     seeds = [int(x) for x in args.seeds.split(",") if x] or [args.seed] * args.repeats
     args.repeats = len(seeds)
     print(f"QA benchmark: variants {order}, seeds {seeds}; logs in {work}", flush=True)
@@ -235,7 +246,7 @@ def main() -> None:
               "batch_size": args.batch_size, "epochs": args.epochs, "max_steps": args.max_steps,
               "warmup": args.warmup, "repeats": args.repeats, "seeds": seeds, "seed": args.seed, "variants": order,
               "version_2_with_negative": args.version_2_with_negative, "torchrun_omp_num_threads":
-              torchrun_env["OMP_NUM_THREADS"]}
+              torchrun_env["OMP_NUM_THREADS"], "tuned_precision": tuned_by}
     result = {"config": config, "machine": machine(), **summarize(raw, order), "raw": raw,
               "method": "samples_per_s over steps W+1..S from rank 0's step-end clock; wall_s = whole command"}
     if args.replace_in:  # keep the other variants' runs; these are not interleaved with them

@@ -324,17 +324,11 @@ def measure_tuned_precision(args: argparse.Namespace, cfg: BenchConfig, env: dic
         return {"precision": args.tuned_precision, "by": "--tuned-precision"}
     if not {harness.TUNED, harness.ONE_PROC_TUNED} & set(args.order):
         return {"precision": "bf16", "by": "no tuned Trainer variant ran"}
-    cmd = [sys.executable, str(harness.BENCH / "tuned_precision.py"), "--model", cfg.model_spec,
-           "--threads", str(torchrun_threads), "--batch-size", str(cfg.batch_size)]
     with console.status("timing bf16 against fp32 for the tuned Trainer..."):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if done.returncode != 0:
-        raise SystemExit(f"throughput.py: timing the tuned Trainer's precision failed ({' '.join(cmd)}):\n"
-                         f"{done.stderr[-2000:]}\npass --tuned-precision fp32 or bf16 to choose it yourself")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+        found = harness.time_tuned_precision(cfg.model_spec, torchrun_threads, cfg.batch_size, env, args.timeout)
     console.print(f"tuned Trainer precision: {found['precision']} (bf16 measured {found['bf16_speedup']:.2f}x "
                   f"fp32 at {found['threads']} thread(s), {found['shapes']})")
-    return {**found, "by": "tuned_precision.py"}
+    return found
 
 
 def run_rounds(args: argparse.Namespace, cfg: BenchConfig, work: Path, env: dict[str, str], torchrun_threads: int,

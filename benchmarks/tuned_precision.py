@@ -32,7 +32,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="threads of one Trainer process")
     p.add_argument("--batch-size", type=int, default=16, help="examples per Trainer process")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per example in the timed batch")
-    p.add_argument("--budget", type=float, default=1.0, help="seconds of timed rounds (at least 3 rounds, unless the first is decisive)")
+    p.add_argument("--budget", type=float, default=1.0,
+                   help="seconds of timed rounds (at least 3 rounds, unless the first is decisive)")
     args = p.parse_args()
 
     import torch

@@ -319,3 +319,24 @@ def test_the_tuned_trainer_keeps_the_precision_that_timed_faster_without_a_margi
 
     assert faster(0.09) == "fp32" and faster(1.0) == "fp32"  # emulated bf16; a tie keeps the exact one
     assert faster(1.02) == "bf16" and faster(3.3) == "bf16"  # corecpu's 1.10x margin is not the user's
+
+
+def test_the_tuned_precision_is_read_from_its_timing_or_ends_the_benchmark_with_the_fix(monkeypatch) -> None:
+    import subprocess
+
+    calls = []
+
+    def fake(cmd, **kwargs):
+        calls.append(cmd)
+        ok = "--model" in cmd and cmd[cmd.index("--model") + 1] == "default"
+        out = 'noise\n{"precision": "fp32", "bf16_speedup": 0.09, "threads": 1, "shapes": "s"}\n'
+        return subprocess.CompletedProcess(cmd, 0 if ok else 1, out if ok else "", "" if ok else "no such model")
+
+    monkeypatch.setattr(subprocess, "run", fake)
+    found = harness.time_tuned_precision("default", 1, 16, {}, 60, seq_len=384)
+    assert found == {"precision": "fp32", "bf16_speedup": 0.09, "threads": 1, "shapes": "s", "by": "tuned_precision.py"}
+    cmd = calls[0]
+    assert cmd[1].endswith("tuned_precision.py") and cmd[cmd.index("--seq-len") + 1] == "384"
+    assert cmd[cmd.index("--threads") + 1] == "1" and cmd[cmd.index("--batch-size") + 1] == "16"
+    with pytest.raises(SystemExit, match="(?s)no such model.*pass --tuned-precision fp32 or bf16"):
+        harness.time_tuned_precision("missing", 1, 16, {}, 60)
