@@ -148,6 +148,20 @@ def corecpu_launch(python: str = sys.executable, tree: Path = ROOT) -> list[str]
     return [python, "-m", "corecpu.launch", "--default-script", str(tree / "train.py")]
 
 
+def tuned_precision(requested: str, variants: list[str], model_spec: str, threads: int, batch_size: int,
+                    env: dict[str, str], timeout: float, seq_len: int = 64) -> dict[str, Any]:
+    """The tuned Trainers' precision and how it was chosen (the result JSON's record): as `requested`
+    (--tuned-precision fp32|bf16), unused where no tuned variant runs, else timed (time_tuned_precision)."""
+    if requested != "auto":
+        return {"precision": requested, "by": "--tuned-precision"}
+    if not {TUNED, ONE_PROC_TUNED} & set(variants):
+        return {"precision": "bf16", "by": "no tuned Trainer variant ran"}
+    found = time_tuned_precision(model_spec, threads, batch_size, env, timeout, seq_len)
+    print(f"tuned Trainer precision: {found['precision']} (bf16 measured {found['bf16_speedup']:.2f}x fp32 at "
+          f"{found['threads']} thread(s), {found['shapes']})", flush=True)
+    return found
+
+
 def time_tuned_precision(model_spec: str, threads: int, batch_size: int, env: dict[str, str], timeout: float,
                          seq_len: int = 64, python: str = sys.executable) -> dict[str, Any]:
     """The tuned Trainer's precision, timed by tuned_precision.py in a child process (torch stays out of the

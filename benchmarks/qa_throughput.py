@@ -221,13 +221,10 @@ def main() -> None:
     one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                      env=env, capture_output=True, text=True, check=True).stdout)
     torchrun_env = {**env, "OMP_NUM_THREADS": str(max(1, one_process // args.ranks))}  # as throughput.py does
-    tuned_by: dict[str, Any] = {"precision": args.tuned_precision, "by": "--tuned-precision"}
-    if "trainer_tuned" in order and args.tuned_precision == "auto":  # QA features run up to 384 tokens
-        tuned_by = harness.time_tuned_precision(harness.MODEL_SPECS.get(args.model, args.model),
-                                                int(torchrun_env["OMP_NUM_THREADS"]), args.batch_size, env,
-                                                args.timeout, seq_len=384)
-        print(f"trainer_tuned precision: {tuned_by['precision']} (bf16 measured {tuned_by['bf16_speedup']:.2f}x fp32)",
-              flush=True)
+    # QA features run up to 384 tokens.
+    tuned_by = harness.tuned_precision(args.tuned_precision, order, harness.MODEL_SPECS.get(args.model, args.model),
+                                       int(torchrun_env["OMP_NUM_THREADS"]), args.batch_size, env, args.timeout,
+                                       seq_len=384)
     args.tuned_precision = tuned_by["precision"]
     seeds = [int(x) for x in args.seeds.split(",") if x] or [args.seed] * args.repeats
     args.repeats = len(seeds)

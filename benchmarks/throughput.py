@@ -316,21 +316,6 @@ def print_tables(result: dict[str, Any], markdown: bool) -> None:
         print("\n" + stats.markdown(result))
 
 
-def measure_tuned_precision(args: argparse.Namespace, cfg: BenchConfig, env: dict[str, str],
-                            torchrun_threads: int) -> dict[str, Any]:
-    """The tuned Trainers' precision and how it was chosen: as asked, or timed for trainer_tuned's processes
-    (its threads, its per-process batch) in a child process, which keeps torch out of this one."""
-    if args.tuned_precision != "auto":
-        return {"precision": args.tuned_precision, "by": "--tuned-precision"}
-    if not {harness.TUNED, harness.ONE_PROC_TUNED} & set(args.order):
-        return {"precision": "bf16", "by": "no tuned Trainer variant ran"}
-    with console.status("timing bf16 against fp32 for the tuned Trainer..."):
-        found = harness.time_tuned_precision(cfg.model_spec, torchrun_threads, cfg.batch_size, env, args.timeout)
-    console.print(f"tuned Trainer precision: {found['precision']} (bf16 measured {found['bf16_speedup']:.2f}x "
-                  f"fp32 at {found['threads']} thread(s), {found['shapes']})")
-    return found
-
-
 def run_rounds(args: argparse.Namespace, cfg: BenchConfig, work: Path, env: dict[str, str], torchrun_threads: int,
                precision: str | None, resolved_by: str | None, raw: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     """Every variant once per round, rounds interleaved; appends to `raw`. Returns the precision used."""
@@ -390,7 +375,8 @@ def main() -> None:
     one_process = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                                      env=env, capture_output=True, text=True, check=True).stdout)
     torchrun_threads = args.torchrun_threads or max(1, one_process // args.ranks)
-    tuned = measure_tuned_precision(args, cfg, env, torchrun_threads)
+    tuned = harness.tuned_precision(args.tuned_precision, args.order, cfg.model_spec, torchrun_threads, cfg.batch_size,
+                                    env, args.timeout)
     cfg = dataclasses.replace(cfg, tuned_precision=tuned["precision"])
     console.print(f"[bold]throughput benchmark[/] variants {args.order}; data {data_info}\n"
                   f"logs and run outputs: {work}")
