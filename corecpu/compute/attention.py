@@ -149,11 +149,16 @@ def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, dropou
 
 def cache_key(features: CpuFeatures, versions: str, threads: int, model: Any, batch: int, seq: int,
               bf16: bool, dropout: str = "torch") -> str:
+    from corecpu.compute import first_token  # imports torch: this module loads without it
+
     config = model.config
     shape = {k: getattr(config, k, None) for k in ("model_type", "hidden_size", "num_attention_heads",
                                                    "num_hidden_layers", "intermediate_size",
                                                    "attention_probs_dropout_prob", "attention_dropout")}
-    what = json.dumps({"model": shape, "class": type(model).__name__, "batch": batch, "seq": seq}, sort_keys=True)
+    what_key: dict[str, Any] = {"model": shape, "class": type(model).__name__, "batch": batch, "seq": seq}
+    if first_token.is_first_token(first_token.last_layer(model)):
+        what_key["last_layer"] = "first-token"  # other work timed; other models' keys stay as they were
+    what = json.dumps(what_key, sort_keys=True)
     flags = ",".join(f for f in KEY_FLAGS if f in features.flags)
     return (f"{features.model_name} | {flags} | {versions} | {threads} threads | {'bf16' if bf16 else 'fp32'} | "
             f"{dropout} dropout | shapes {hashlib.sha256(what.encode()).hexdigest()[:12]}")

@@ -15,7 +15,9 @@ Embedding lookups are no matmul and are left out. Only useful work counts, as MF
     the dense masked kernel computes the whole row);
   - the output layer only where it runs: at label tokens when the model computes logits only there
     (corecpu.training.label_logits), else at every token;
-  - a frozen weight (a LoRA base) 4 FLOPs a token, not 6: it needs no weight gradient.
+  - a frozen weight (a LoRA base) 4 FLOPs a token, not 6: it needs no weight gradient;
+  - a classifier's last layer computed at its first token only (corecpu.compute.first_token): its keys and
+    values at every token, the rest of its weights and its attention at one token a sequence.
 
 The rate is measured, not read off a datasheet: every rank times square matmuls in the run's
 precision on its own cores at the same moment (so ranks that share a node share its memory
@@ -34,6 +36,7 @@ from typing import Callable, Sequence
 import torch
 
 from corecpu import cachefile, envvars
+from corecpu.compute import first_token
 from corecpu.compute.wrappers import unwrap
 
 CACHE_FILE = "matmul.json"
@@ -54,6 +57,7 @@ class FlopCount:
     head: int = 0  # of `params`, the output layer's (0: none found; then it counts with the body)
     head_frozen: int = 0  # of `head`, those not trained
     head_on_labels: bool = False  # the output layer runs at label tokens only (label-only logits)
+    first_token: float = 0.0  # FLOPs a token of the last layer's weights that run at one token a sequence (0: none)
 
     def _body(self) -> float:
         return 6.0 * (self.params - self.frozen - self.head + self.head_frozen) + 4.0 * (self.frozen - self.head_frozen)
@@ -73,7 +77,12 @@ class FlopCount:
         if attended is None:
             attended = tokens * tokens / max(samples, 1)
         head_rows = label_tokens if self.head_on_labels and label_tokens is not None else tokens
-        return self._body() * tokens + self._head() * head_rows + 12.0 * self.layers * self.width * attended
+        body = self._body() * tokens + self._head() * head_rows
+        if not self.first_token:
+            return body + 12.0 * self.layers * self.width * attended
+        rows = min(samples, tokens)  # the last layer's one query a sequence sees that sequence's tokens
+        return (body - self.first_token * (tokens - rows)
+                + 12.0 * self.width * ((self.layers - 1) * attended + tokens))
 
 
 def count_flops(model: torch.nn.Module, head_on_labels: bool = False) -> FlopCount:
@@ -93,7 +102,19 @@ def count_flops(model: torch.nn.Module, head_on_labels: bool = False) -> FlopCou
     return FlopCount(params, layers if width else 0, width if layers else 0, frozen,
                      head=sum(p.numel() for p in head_params),
                      head_frozen=sum(p.numel() for p in head_params if not p.requires_grad),
-                     head_on_labels=head_on_labels and bool(head_params))
+                     head_on_labels=head_on_labels and bool(head_params),
+                     first_token=_first_token_cost(model) if layers and width else 0.0)
+
+
+def _first_token_cost(model: torch.nn.Module) -> float:
+    """FLOPs a token of the weights the last layer runs at its first token only (all but keys and values)."""
+    layer = first_token.last_layer(model)
+    if not first_token.is_first_token(layer):
+        return 0.0
+    assert layer is not None
+    every_token = {id(p) for m in (layer.attention.self.key, layer.attention.self.value) for p in m.parameters()}
+    some = [p for p in layer.parameters() if id(p) not in every_token]
+    return float(sum((6 if p.requires_grad else 4) * p.numel() for p in some))
 
 
 def _output_layer(model: torch.nn.Module) -> torch.nn.Module | None:

@@ -45,6 +45,7 @@ from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import AttentionChoice
 from corecpu.compute.dropout import DropoutChoice, decide_dropout, has_dropout, uses_gradient_checkpointing
+from corecpu.compute.first_token import apply_first_token
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import allocator as _allocator, threads as _threads
 from corecpu.cpu.cpulist import format_cpu_list
@@ -174,6 +175,8 @@ class Run:
             "compile": "torch.compile" if self.options.compile else "off",
             "attention": str(self.attention),
             "dropout": str(self.dropout),
+            "last_layer": str(wrapped.last_layer) if (wrapped := self._wrapped.get()) else
+                          f"{self.options.last_layer} (settled when the model is wrapped)",
             "sparse_embedding_allreduce": str(self.sparse_embedding),
             "grad_clip": (wrapped.clipper.describe() if (wrapped := self._wrapped.get()) and wrapped.clipper
                           else f"{self.options.grad_clip} (settled when the model is wrapped)"),
@@ -216,6 +219,8 @@ class Run:
         IPEX replaces the optimizer; a scheduler passed here is pointed at the new one. Once per run."""
         if self._wrapped.get() is not None:
             raise CoreCPUError("wrap() was called before in this run; wrap one model once")
+        # First: the precision and attention timings then run the model as it will train.
+        last_layer = apply_first_token(model, self.options.last_layer)
         precision = self.decide_precision(model, loader)
         dropout = self._dropout_for(model)
         attention = self.decide_attention(model, loader, precision, dropout)
@@ -234,7 +239,7 @@ class Run:
             ddp_hook=self._gradient_path if self.world_size > 1 else None,
             sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype,
             grad_clip=self.options.grad_clip, shard=shard, share=self._shared_step)
-        self._wrapped.set(dataclasses.replace(wrapped, attention=attention))
+        self._wrapped.set(dataclasses.replace(wrapped, attention=attention, last_layer=last_layer))
         return wrapped.model, optimizer
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -446,7 +451,8 @@ def setup(options: RunOptions | None = None, *, graceful_stop: bool = False,
     auto|gloo|mpi|ccl|shm (gradients) and allreduce_dtype fp32|bf16; sparse_embedding_allreduce auto|on|off (the word
     embedding's gradient by the rows some rank touched); precision auto|fp32|bf16; attention auto|sdpa|eager (a Hugging
     Face model's attention kernel, timed at wrap()); dropout fast|torch (the kernel of every F.dropout inside the
-    wrapped forward); grad_clip fused|torch (run.clip_grad_norm_'s scale inside the fused AdamW step, or torch's
+    wrapped forward); last_layer auto|full (a BERT-style classifier's last layer at its first token only);
+    grad_clip fused|torch (run.clip_grad_norm_'s scale inside the fused AdamW step, or torch's
     clip); threads (0: this rank's cores); ipex auto|off;
     compile; dist_timeout; step_timeout (the watchdog run.steps() runs).
     graceful_stop: the first SIGTERM/SIGINT/SIGUSR1 only sets a flag, and run.steps() saves and exits at the

@@ -28,6 +28,7 @@ from corecpu.compute import attention_mask, ipex as _ipex
 from corecpu.compute.attention import (AttentionChoice, agree_attention, agreed_ratio, remember_attention,
                                       resolve_attention, switchable)
 from corecpu.compute.dropout import DropoutChoice, with_dropout
+from corecpu.compute.first_token import LastLayerChoice
 from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recycle_embedding_grad
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
@@ -59,6 +60,7 @@ class Wrapped:
     sparse_rows: SparseRows | None = None  # its reducer when on
     attention: AttentionChoice = AttentionChoice("unchanged", "not decided")  # the kernel training runs with
     dropout: DropoutChoice = DropoutChoice("torch", "not decided")  # the dropout kernel inside the forward
+    last_layer: LastLayerChoice = LastLayerChoice("full", "not decided")  # a classifier's last layer at token 0 only
     clipper: GradientClipper | None = None  # run.clip_grad_norm_: the model's gradients, the optimizer wrap() returned
     embedding_grad: EmbeddingGradChoice = EmbeddingGradChoice("torch", "not decided")  # the word embedding's backward
     shard: ShardChoice = ShardChoice("off", "not decided")  # the optimizer sharded through shared memory, or DDP

@@ -239,3 +239,19 @@ def test_a_step_counting_items_gives_the_gradient_of_the_mean_over_all_of_them(c
         unweighted.load_state_dict(model.state_dict())
         ((unweighted(a).square().mean() + unweighted(b).square().mean()) / 2).backward()
         assert not torch.allclose(got, unweighted.weight.grad, atol=1e-4)  # the test tells the two apart
+
+
+@pytest.mark.parametrize("asked, expected", [("auto", "first-token"), ("full", "full")])
+def test_wrap_runs_a_classifiers_last_layer_at_its_first_token_and_says_so(clean_env, asked, expected):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from corecpu.compute import first_token
+
+    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=32))
+    with corecpu.setup(precision="fp32", ipex="off", attention="sdpa", last_layer=asked) as run:
+        assert "settled when the model is wrapped" in run.describe()["last_layer"]
+        wrapped, _ = run.wrap(model, None)
+        assert run.describe()["last_layer"].startswith(expected)
+        assert first_token.is_first_token(first_token.last_layer(model)) == (expected == "first-token")
+        assert wrapped(input_ids=torch.randint(0, 100, (2, 5))).logits.shape == (2, 2)
