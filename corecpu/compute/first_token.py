@@ -142,6 +142,12 @@ def is_first_token(layer: torch.nn.Module | None) -> bool:
     return bool(getattr(layer, _MARK, False))
 
 
+def one_token_params(layer: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of a first-token layer that run at one token a sequence: all but the keys' and values'."""
+    every_token = {id(p) for m in (layer.attention.self.key, layer.attention.self.value) for p in m.parameters()}
+    return [p for p in layer.parameters() if id(p) not in every_token]
+
+
 def logits_difference(model: torch.nn.Module) -> float:
     """Largest relative difference between the logits of `model` as it is and with its last layer's class forward,
     on two short sequences (one padded), eval mode, fp32, no gradient. The model's mode is restored."""
@@ -170,4 +176,4 @@ def logits_difference(model: torch.nn.Module) -> float:
 
 
 __all__ = ["LAST_LAYER_CHOICES", "LastLayerChoice", "apply_first_token", "is_first_token", "last_layer",
-           "logits_difference", "unsupported"]
+           "logits_difference", "one_token_params", "unsupported"]

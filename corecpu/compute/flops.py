@@ -112,9 +112,7 @@ def _first_token_cost(model: torch.nn.Module) -> float:
     if not first_token.is_first_token(layer):
         return 0.0
     assert layer is not None
-    every_token = {id(p) for m in (layer.attention.self.key, layer.attention.self.value) for p in m.parameters()}
-    some = [p for p in layer.parameters() if id(p) not in every_token]
-    return float(sum((6 if p.requires_grad else 4) * p.numel() for p in some))
+    return float(sum((6 if p.requires_grad else 4) * p.numel() for p in first_token.one_token_params(layer)))
 
 
 def _output_layer(model: torch.nn.Module) -> torch.nn.Module | None:
