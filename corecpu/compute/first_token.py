@@ -1,12 +1,16 @@
 """The last encoder layer computed at the first token only, for a classifier whose head reads nothing else.
 
-A BERT-style sequence classifier (BERT, RoBERTa, XLM-R, ELECTRA...) feeds its head the last layer's output at
-position 0 (the pooler's `[:, 0]`, RoBERTa's `features[:, 0, :]`). Every other position of that layer is computed,
-then dropped: its query projection, its attention rows, its output projection, its feed-forward, their dropout and
-layer norm, and all their backward. Only the layer's keys and values need every token. So here the last layer
-projects the query of token 0 alone, attends with it over all keys and values, and runs the rest of the layer on
-that one row. The head sees the same values; the gradient of every weight is the same sum, less the terms that
-were zero. MiniLM (6 layers) computes 14% fewer matmul FLOPs a step, BERT-base (12) 7%.
+A BERT-style sequence classifier (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT...) feeds its head the last layer's
+output at position 0 (the pooler's `[:, 0]`, RoBERTa's `features[:, 0, :]`, DistilBERT's `hidden_state[:, 0]`).
+Every other position of that layer is computed, then dropped: its query projection, its attention rows, its output
+projection, its feed-forward, their dropout and layer norm, and all their backward. Only the layer's keys and
+values need every token. So here the last layer projects the query of token 0 alone, attends with it over all keys
+and values, and runs the rest of the layer on that one row. The head sees the same values; the gradient of every
+weight is the same sum, less the terms that were zero. MiniLM (6 layers) computes 14% fewer matmul FLOPs a step,
+BERT-base (12) 7%, DistilBERT (6) 14%.
+Two layer families are known: BERT's (encoder.layer, attention.self.query/key/value, attention.output,
+feed_forward_chunk) and DistilBERT's (transformer.layer, attention.q_lin/k_lin/v_lin/out_lin, sa_layer_norm, ffn,
+output_layer_norm).
 
 It is a change of the layer's forward method on this model instance, so the parameters, their names, the state
 dict, checkpoints and the exported model are those of the unchanged model. It applies only where the head is
@@ -31,10 +35,12 @@ from corecpu.compute import LAST_LAYER_CHOICES
 from corecpu.errors import CoreCPUError
 
 # Heads that read the last layer at position 0 only (checked again by comparing logits before it applies).
-FIRST_TOKEN_HEADS = frozenset({
-    "BertForSequenceClassification", "RobertaForSequenceClassification", "XLMRobertaForSequenceClassification",
-    "CamembertForSequenceClassification", "ElectraForSequenceClassification",
-})
+# The value names the layer family.
+FIRST_TOKEN_HEADS = {
+    "BertForSequenceClassification": "bert", "RobertaForSequenceClassification": "bert",
+    "XLMRobertaForSequenceClassification": "bert", "CamembertForSequenceClassification": "bert",
+    "ElectraForSequenceClassification": "bert", "DistilBertForSequenceClassification": "distilbert",
+}
 TOLERANCE = 1e-4  # logits of a random-init or trained model agree to ~1e-6 in fp32; a wrong forward is far off
 _MARK = "_corecpu_first_token"
 
@@ -51,12 +57,14 @@ class LastLayerChoice:
 
 
 def last_layer(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The last encoder layer of a Hugging Face BERT-style model, else None."""
+    """The last encoder layer of a Hugging Face BERT-style model (encoder.layer; DistilBERT's transformer.layer),
+    else None."""
     base = getattr(model, "base_model", None)
-    layers = getattr(getattr(base, "encoder", None), "layer", None)
-    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
-        return None
-    return layers[-1]
+    for stack in ("encoder", "transformer"):
+        layers = getattr(getattr(base, stack, None), "layer", None)
+        if isinstance(layers, torch.nn.ModuleList) and len(layers) > 0:
+            return layers[-1]
+    return None
 
 
 def unsupported(model: torch.nn.Module) -> str:
@@ -67,10 +75,21 @@ def unsupported(model: torch.nn.Module) -> str:
     layer = last_layer(model)
     if layer is None:
         return "no BERT-style encoder layers found"
+    why = _unsupported_bert(layer) if FIRST_TOKEN_HEADS[name] == "bert" else _unsupported_distilbert(layer)
+    if why:
+        return why
+    if getattr(model.config, "output_hidden_states", False):
+        return "the model is set to return every layer's hidden states"
+    return ""
+
+
+_ATTENTION_PARTS = ("attention_head_size", "scaling", "config", "dropout")
+
+
+def _unsupported_bert(layer: torch.nn.Module) -> str:
     attention = getattr(layer, "attention", None)
     self_attention = getattr(attention, "self", None)
-    if not all(hasattr(self_attention, a) for a in ("query", "key", "value", "attention_head_size", "scaling",
-                                                       "config", "dropout")):
+    if not all(hasattr(self_attention, a) for a in ("query", "key", "value", *_ATTENTION_PARTS)):
         return "the last layer's attention is not BERT's (query, key, value projections)"
     if not callable(getattr(attention, "output", None)) or not callable(getattr(layer, "feed_forward_chunk", None)):
         return "the last layer has no BERT-style output and feed-forward parts"
@@ -78,9 +97,20 @@ def unsupported(model: torch.nn.Module) -> str:
         return "a decoder layer"
     if getattr(layer, "chunk_size_feed_forward", 0):
         return "the feed-forward runs in chunks (chunk_size_feed_forward)"
-    if getattr(model.config, "output_hidden_states", False):
-        return "the model is set to return every layer's hidden states"
     if _eager_attention(self_attention) is None:
+        return "the model's module has no eager_attention_forward"
+    return ""
+
+
+def _unsupported_distilbert(layer: torch.nn.Module) -> str:
+    attention = getattr(layer, "attention", None)
+    if not all(hasattr(attention, a) for a in ("q_lin", "k_lin", "v_lin", "out_lin", *_ATTENTION_PARTS)):
+        return "the last layer's attention is not DistilBERT's (q_lin, k_lin, v_lin, out_lin)"
+    if not all(callable(getattr(layer, a, None)) for a in ("sa_layer_norm", "ffn", "output_layer_norm")):
+        return "the last layer has no DistilBERT-style layer norms and feed-forward"
+    if getattr(layer.ffn, "chunk_size_feed_forward", 0):
+        return "the feed-forward runs in chunks (chunk_size_feed_forward)"
+    if _eager_attention(attention) is None:
         return "the model's module has no eager_attention_forward"
     return ""
 
@@ -89,25 +119,44 @@ def _eager_attention(self_attention: torch.nn.Module) -> Callable[..., Any] | No
     return getattr(inspect.getmodule(type(self_attention)), "eager_attention_forward", None)
 
 
+def _attend_first(attention: torch.nn.Module, query: torch.nn.Module, key: torch.nn.Module, value: torch.nn.Module,
+                  hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The attention of position 0's query over every key and value, heads merged: [B, L, H] in, [B, 1, H] out.
+    `attention` holds the head size, scaling, config and dropout (both families name them alike)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    batch, length = hidden_states.shape[:2]
+    heads = (-1, attention.attention_head_size)
+    q = query(hidden_states[:, :1]).view(batch, 1, *heads).transpose(1, 2)
+    k = key(hidden_states).view(batch, length, *heads).transpose(1, 2)
+    v = value(hidden_states).view(batch, length, *heads).transpose(1, 2)
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:
+        attention_mask = attention_mask[:, :, :1]  # the mask's row for query 0
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, _eager_attention(attention))
+    context, _ = attend(attention, q, k, v, attention_mask, dropout=attention.dropout.p if attention.training else 0.0,
+                        scaling=attention.scaling)
+    return context.reshape(batch, 1, -1).contiguous()
+
+
 def _first_token_forward(self: torch.nn.Module, hidden_states: torch.Tensor,
                          attention_mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> torch.Tensor:
     """BERT's layer forward for the query at position 0 over every key and value: [B, L, H] in, [B, 1, H] out."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     sa = self.attention.self
-    batch, length = hidden_states.shape[:2]
-    first = hidden_states[:, :1]
-    heads = (-1, sa.attention_head_size)
-    query = sa.query(first).view(batch, 1, *heads).transpose(1, 2)
-    key = sa.key(hidden_states).view(batch, length, *heads).transpose(1, 2)
-    value = sa.value(hidden_states).view(batch, length, *heads).transpose(1, 2)
-    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-2] > 1:
-        attention_mask = attention_mask[:, :, :1]  # the mask's row for query 0
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(sa.config._attn_implementation, _eager_attention(sa))
-    context, _ = attend(sa, query, key, value, attention_mask, dropout=sa.dropout.p if sa.training else 0.0,
-                        scaling=sa.scaling)
-    attended = self.attention.output(context.reshape(batch, 1, -1).contiguous(), first)
-    return self.feed_forward_chunk(attended)
+    context = _attend_first(sa, sa.query, sa.key, sa.value, hidden_states, attention_mask)
+    return self.feed_forward_chunk(self.attention.output(context, hidden_states[:, :1]))
+
+
+def _distilbert_first_token_forward(self: torch.nn.Module, hidden_states: torch.Tensor,
+                                    attention_mask: torch.Tensor | None = None, *args: Any,
+                                    **kwargs: Any) -> torch.Tensor:
+    """DistilBERT's TransformerBlock forward, the same way (its attention output has no dropout of its own)."""
+    sa = self.attention
+    context = _attend_first(sa, sa.q_lin, sa.k_lin, sa.v_lin, hidden_states, attention_mask)
+    attended = self.sa_layer_norm(sa.out_lin(context) + hidden_states[:, :1])
+    return self.output_layer_norm(self.ffn(attended) + attended)
+
+
+_FORWARDS = {"bert": "_first_token_forward", "distilbert": "_distilbert_first_token_forward"}  # looked up when applied
 
 
 def apply_first_token(model: torch.nn.Module, requested: str = "auto") -> LastLayerChoice:
@@ -123,7 +172,7 @@ def apply_first_token(model: torch.nn.Module, requested: str = "auto") -> LastLa
     assert layer is not None
     if getattr(layer, _MARK, False):
         return LastLayerChoice("first-token", "applied before")
-    layer.forward = types.MethodType(_first_token_forward, layer)
+    layer.forward = types.MethodType(globals()[_FORWARDS[FIRST_TOKEN_HEADS[type(model).__name__]]], layer)
     try:
         difference = logits_difference(model)
     except Exception as exc:  # any failure of the new forward: the full layer stays, with the reason
@@ -144,8 +193,15 @@ def is_first_token(layer: torch.nn.Module | None) -> bool:
 
 def one_token_params(layer: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The parameters of a first-token layer that run at one token a sequence: all but the keys' and values'."""
-    every_token = {id(p) for m in (layer.attention.self.key, layer.attention.self.value) for p in m.parameters()}
+    every_token = {id(p) for m in _keys_and_values(layer) for p in m.parameters()}
     return [p for p in layer.parameters() if id(p) not in every_token]
+
+
+def _keys_and_values(layer: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    attention = layer.attention
+    if hasattr(attention, "k_lin"):  # DistilBERT's
+        return attention.k_lin, attention.v_lin
+    return attention.self.key, attention.self.value
 
 
 def logits_difference(model: torch.nn.Module) -> float:

@@ -60,10 +60,10 @@ class RunOptions:
                        "on every thread, p rounded to 1/65536; 1.7x torch's dropout) or torch "
                        "(torch's own random stream); torch.compile keeps its own", choices=DROPOUT_CHOICES,
                        defines_run=True)
-    last_layer: str = opt("auto", "auto: a BERT-style sequence classifier's last encoder layer computes only the "
-                          "first token, the one its head reads (same logits and gradients; MiniLM: a seventh fewer "
-                          "matmul FLOPs), checked against the full layer on the model at start-up; full: every "
-                          "position", choices=LAST_LAYER_CHOICES)
+    last_layer: str = opt("auto", "auto: a BERT-style (or DistilBERT) sequence classifier's last encoder layer "
+                          "computes only the first token, the one its head reads (same logits and gradients; "
+                          "MiniLM: a seventh fewer matmul FLOPs), checked against the full layer on the model at "
+                          "start-up; full: every position", choices=LAST_LAYER_CHOICES)
     grad_clip: str = opt("fused", "where run.clip_grad_norm_ applies its scale: fused (inside torch's fused AdamW "
                          "step, one pass over the gradients fewer; equal to torch's clip up to rounding) or torch "
                          "(torch.nn.utils.clip_grad_norm_ itself, bit for bit)", choices=GRAD_CLIP_CHOICES)

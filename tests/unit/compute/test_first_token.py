@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, RobertaConfig,
-                          RobertaForSequenceClassification)
+from transformers import (BertConfig, BertForQuestionAnswering, BertForSequenceClassification, DistilBertConfig,
+                          DistilBertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification)
 
 from corecpu.compute import first_token, flops
 from corecpu.errors import CoreCPUError
@@ -15,6 +15,12 @@ def _config(cls=BertConfig, dropout: float = 0.0, **kw):
     return cls(vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                max_position_embeddings=64, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
                num_labels=3, pad_token_id=1, **kw)
+
+
+def _distilbert(dropout: float = 0.0) -> DistilBertForSequenceClassification:
+    return DistilBertForSequenceClassification(DistilBertConfig(
+        vocab_size=300, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=64, dropout=dropout,
+        attention_dropout=dropout, seq_classif_dropout=dropout, num_labels=3, pad_token_id=1))
 
 
 def _batch(rows: int = 4, length: int = 9) -> dict[str, torch.Tensor]:
@@ -34,13 +40,15 @@ def _grads(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torc
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
-@pytest.mark.parametrize("family", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
 def test_logits_and_every_gradient_match_the_full_layer(kernel: str, family: str):
     torch.manual_seed(0)
     if family == "bert":
         model = BertForSequenceClassification(_config())
-    else:
+    elif family == "roberta":
         model = RobertaForSequenceClassification(_config(RobertaConfig))
+    else:
+        model = _distilbert()
     model.set_attn_implementation(kernel)
     model.train()  # dropout 0: training mode, deterministic
     batch = _batch()
@@ -55,15 +63,16 @@ def test_logits_and_every_gradient_match_the_full_layer(kernel: str, family: str
     torch.testing.assert_close(fast_logits, full_logits, rtol=1e-5, atol=1e-6)
     assert set(fast) == set(full)
     for name, grad in full.items():
-        if name.endswith("attention.self.key.bias"):
+        if name.endswith(("attention.self.key.bias", "attention.k_lin.bias")):
             continue  # softmax ignores a shift of every score: its true gradient is 0, both are rounding noise
         torch.testing.assert_close(fast[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     assert list(model.state_dict()) == keys  # checkpoints and the exported model are the unchanged model's
 
 
-def test_with_dropout_it_trains_and_evaluation_matches_the_full_layer():
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_with_dropout_it_trains_and_evaluation_matches_the_full_layer(family: str):
     torch.manual_seed(0)
-    model = BertForSequenceClassification(_config(dropout=0.1))
+    model = BertForSequenceClassification(_config(dropout=0.1)) if family == "bert" else _distilbert(dropout=0.1)
     assert first_token.apply_first_token(model).name == "first-token"
     model.train()
     out = model(**_batch())
@@ -109,15 +118,28 @@ def test_a_forward_that_does_not_reproduce_the_logits_is_taken_back(monkeypatch)
     choice = first_token.apply_first_token(model)
     assert choice.name == "full" and "TypeError: unexpected keyword argument 'cache'" in choice.reason
 
+    monkeypatch.setattr(first_token, "_distilbert_first_token_forward", raises)  # each family's own forward
+    choice = first_token.apply_first_token(_distilbert())
+    assert choice.name == "full" and "TypeError" in choice.reason
 
-def test_the_flop_count_leaves_out_what_the_last_layer_no_longer_computes():
-    model = BertForSequenceClassification(_config())
+
+def test_a_distilbert_layer_of_another_shape_keeps_the_full_layer():
+    model = _distilbert()
+    del first_token.last_layer(model).attention.q_lin
+    assert "not DistilBERT's" in first_token.apply_first_token(model).reason
+    assert "forward" not in vars(first_token.last_layer(model))
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_the_flop_count_leaves_out_what_the_last_layer_no_longer_computes(family: str):
+    model = BertForSequenceClassification(_config()) if family == "bert" else _distilbert()
     before = flops.count_flops(model)
     first_token.apply_first_token(model)
     after = flops.count_flops(model)
     layer = first_token.last_layer(model)
-    at_one = sum(p.numel() for p in layer.parameters()) - sum(
-        p.numel() for m in (layer.attention.self.key, layer.attention.self.value) for p in m.parameters())
+    a = layer.attention
+    keys_values = (a.self.key, a.self.value) if family == "bert" else (a.k_lin, a.v_lin)
+    at_one = sum(p.numel() for p in layer.parameters()) - sum(p.numel() for m in keys_values for p in m.parameters())
     assert before.first_token == 0 and after.first_token == 6 * at_one
     tokens, rows, attended = 30, 4, 4 * 7.5 ** 2
     saved = 6 * at_one * (tokens - rows) + 12 * 32 * (attended - tokens)  # one query a row in the last layer
