@@ -42,7 +42,7 @@ FIRST_TOKEN_HEADS = {
     "ElectraForSequenceClassification": "bert", "DistilBertForSequenceClassification": "distilbert",
 }
 TOLERANCE = 1e-4  # logits of a random-init or trained model agree to ~1e-6 in fp32; a wrong forward is far off
-_MARK = "_corecpu_first_token"
+_MARK = "_corecpu_first_token"  # on a layer running at its first token: its family ("bert" | "distilbert")
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,8 @@ def apply_first_token(model: torch.nn.Module, requested: str = "auto") -> LastLa
     assert layer is not None
     if getattr(layer, _MARK, False):
         return LastLayerChoice("first-token", "applied before")
-    layer.forward = types.MethodType(globals()[_FORWARDS[FIRST_TOKEN_HEADS[type(model).__name__]]], layer)
+    family = FIRST_TOKEN_HEADS[type(model).__name__]
+    layer.forward = types.MethodType(globals()[_FORWARDS[family]], layer)
     try:
         difference = logits_difference(model)
     except Exception as exc:  # any failure of the new forward: the full layer stays, with the reason
@@ -183,7 +184,7 @@ def apply_first_token(model: torch.nn.Module, requested: str = "auto") -> LastLa
         del layer.forward  # back to the class's forward
         return LastLayerChoice("full", f"the first-token forward did not reproduce the model's logits "
                                        f"({error or f'max difference {difference:.2g}'})")
-    setattr(layer, _MARK, True)
+    setattr(layer, _MARK, family)
     return LastLayerChoice("first-token", f"the head reads position 0 only; logits matched within {difference:.1g}")
 
 
@@ -198,8 +199,9 @@ def one_token_params(layer: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def _keys_and_values(layer: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A first-token layer's key and value projections, by the family recorded when it was applied."""
     attention = layer.attention
-    if hasattr(attention, "k_lin"):  # DistilBERT's
+    if getattr(layer, _MARK) == "distilbert":
         return attention.k_lin, attention.v_lin
     return attention.self.key, attention.self.value
 
