@@ -15,6 +15,8 @@ estimate fits in what is left of the budget (a part that runs over is stopped wi
   overhead-nR   corecpu R ranks against one rank alone on one rank's share of the cores (corecpu_1rank)
   ops-bert      where a BERT-base step's time goes at one rank's share of the cores and at all of them: each
                 op's self time under torch.profiler, and the ops that barely speed up (benchmarks/op_scaling.py)
+  lockstep-nR   the overhead split (benchmarks/lockstep.py): R one-rank runs at once against one alone (the ranks
+                slowing each other), the slowest of them each step (waiting for it), and R ranks (corecpu's code)
   compile-bert  BERT-base, 1 rank with every core, eager against --compile (it lost at 1 and 2 threads per rank)
   minilm-n2/n8  the other rank counts, if time is left
 
@@ -232,7 +234,7 @@ class Part:
     ranks: int
     args: tuple[str, ...]
     estimate_s: float  # on the 16-core node; a part starts only when this fits in what is left
-    tool: str = "throughput"  # the benchmarks/ script it runs: throughput or op_scaling
+    tool: str = "throughput"  # the benchmarks/ script it runs: throughput, op_scaling or lockstep
 
 
 def parts(ranks: int, cores: int, global_batch: int, model: str | None, quick: bool = False) -> list[Part]:
@@ -266,7 +268,12 @@ def parts(ranks: int, cores: int, global_batch: int, model: str | None, quick: b
     ops = ("--threads", ",".join(map(str, counts)), "--batch-size", str(global_batch),
            *(("--steps", "4", "--warmup", "1") if quick else ("--steps", "10", "--warmup", "3")),
            *(("--vocab", model) if model else ()))
+    # The overhead bar's figure split into the node's part (ranks slowing each other through memory and caches,
+    # waiting for the slowest) and corecpu's code (lockstep.py): what would have to change to meet it.
+    split = ("--data", "paraphrase", *batch(ranks), "--repeats", "1",
+             *(("--steps", "12", "--warmup", "2") if quick else ("--steps", "40", "--warmup", "5")))
     out += [Part("ops-bert", "bert-base", 1, ops, 90, tool="op_scaling"),
+            Part(f"lockstep-n{ranks}", m, ranks, split, 100, tool="lockstep"),
             Part("compile-bert", "bert-base", 1, (*batch(1), "--variants", "corecpu", "--corecpu-args",
                                                   "compile=--compile", "--repeats", "1", *vocab, *steps(30)), 240)]
     for other in (2, 8):
@@ -280,6 +287,10 @@ def command(suite: Suite, part: Part) -> list[str]:
     if part.tool == "op_scaling":
         return [sys.executable, str(BENCH / "op_scaling.py"), "--model", part.model, "--out",
                 str(suite.out / f"{part.name}.json"), *part.args]
+    if part.tool == "lockstep":  # train.py's own --model: "minilm" is its default
+        return [sys.executable, str(BENCH / "lockstep.py"), "--model", "default" if part.model == "minilm" else part.model,
+                "--ranks", str(part.ranks), "--out", str(suite.out / f"{part.name}.json"), "--work-dir",
+                str(suite.work / part.name), *part.args]
     return [sys.executable, str(BENCH / "throughput.py"), "--model", part.model, "--ranks", str(part.ranks),
             "--out", str(suite.out / f"{part.name}.json"), "--work-dir", str(suite.work / part.name), *part.args]
 
@@ -326,6 +337,12 @@ def criteria(results: dict[str, dict], ranks: int) -> list[str]:
         over = dist["overhead_median"]
         lines.append(f"- distribution overhead, {ranks} ranks against {ranks} x one rank alone on its share: "
                      f"{over:+.1%} (bar 10%: {'met' if over <= 0.10 else 'NOT met'})")
+    split = results.get(f"lockstep-n{ranks}", {}).get("median")
+    if split:
+        lines.append(f"- that overhead split (lockstep.py): {split['overhead']:+.1%} = ranks slowing each other "
+                     f"{split['co_running']:+.1%}, waiting for the slowest {split['lockstep']:+.1%}, corecpu's "
+                     f"distribution code {split['code']:+.1%} (steps: alone {split['alone_ms']:.0f} ms, "
+                     f"{ranks} at once {split['together_ms']:.0f}, {ranks} ranks {split['ranks_ms']:.0f})")
     return lines
 
 

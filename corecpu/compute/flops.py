@@ -23,7 +23,10 @@ The rate is measured, not read off a datasheet: every rank times square matmuls 
 precision on its own cores at the same moment (so ranks that share a node share its memory
 bandwidth and turbo budget, as in training) and the job's rate is their sum. It is the best of the
 repeats, the one least disturbed by anything else the machine ran, and it is cached per kind of
-machine, threads, ranks per node and torch version, as the precision calibration is.
+machine, threads, ranks per node, torch version and load state (whether the launcher found the run's CPUs
+busy), as the precision calibration and the all-reduce timings are. A cached rate that a run's model then
+outruns (MFU above 100%) was measured while something else ran: the run says so and reports no MFU, and the next
+run measures again, keeping the higher of the two (`suspect`, below).
 """
 
 from __future__ import annotations
@@ -155,20 +158,36 @@ def time_matmul(precision: str, size: int = MATMUL_SIZE, repeats: int = REPEATS,
     return 2.0 * size ** 3 / max(min(seconds), 1e-9)
 
 
-def cache_key(cpu_model: str, precision: str, threads: int, local_ranks: int) -> str:
-    return f"{cpu_model}|{precision}|threads={threads}|local_ranks={local_ranks}|torch={torch.__version__}"
+def cache_key(cpu_model: str, precision: str, threads: int, local_ranks: int, busy: bool = False) -> str:
+    """`busy`: the launcher found some of the run's CPUs busy at start. A rate measured beside a neighbour is
+    kept apart, so an idle start never divides by it."""
+    return (f"{cpu_model}|{precision}|threads={threads}|local_ranks={local_ranks}|torch={torch.__version__}"
+            + ("|busy" if busy else ""))
 
 
 def rank_matmul_rate(precision: str, key: str, cache_dir: Path | None = None,
                      measure: Callable[[str], float] = time_matmul) -> tuple[float, bool]:
-    """(this rank's FLOP/s in `precision`, whether it came from the cache). Measured once per key, then cached."""
+    """(this rank's FLOP/s in `precision`, whether it came from the cache). Measured once per key, then cached;
+    measured again where a run marked the cached rate suspect, the higher of the two kept."""
     path = (cache_dir or envvars.cache_dir()) / CACHE_FILE
-    known = cachefile.read_entries(path, CACHE_VERSION).get(key, {}).get("flops")
-    if isinstance(known, (int, float)) and known > 0:
-        return float(known), True
-    rate = measure(precision)
+    entry = cachefile.read_entries(path, CACHE_VERSION).get(key, {})
+    known = entry.get("flops")
+    known = float(known) if isinstance(known, (int, float)) and known > 0 else None
+    if known is not None and not entry.get("suspect"):
+        return known, True
+    rate = max(measure(precision), known or 0.0)
     cachefile.store_entry(path, CACHE_VERSION, key, {"flops": rate, "size": MATMUL_SIZE}, "the matmul rate")
     return rate, False
+
+
+def suspect(key: str, cache_dir: Path | None = None) -> bool:
+    """Mark the cached rate of `key` as measured too low (a run's model outran it): the next run measures it
+    again. False when there was no such entry or the cache is not writable."""
+    path = (cache_dir or envvars.cache_dir()) / CACHE_FILE
+    entry = cachefile.read_entries(path, CACHE_VERSION).get(key)
+    if entry is None:
+        return False
+    return cachefile.store_entry(path, CACHE_VERSION, key, {**entry, "suspect": True}, "the matmul rate")
 
 
 def mfu(flops_per_s: float, job_flops: float) -> float | None:
@@ -178,4 +197,4 @@ def mfu(flops_per_s: float, job_flops: float) -> float | None:
     return flops_per_s / job_flops
 
 
-__all__ = ["FlopCount", "cache_key", "count_flops", "mfu", "rank_matmul_rate", "time_matmul"]
+__all__ = ["FlopCount", "cache_key", "count_flops", "mfu", "rank_matmul_rate", "suspect", "time_matmul"]

@@ -66,6 +66,7 @@ class Reporter:
         self._timed_flops = 0.0
         self._flops: flops.FlopCount | None = None  # what a token costs: for MFU (set by start(), after wrap())
         self.matmul: dict[str, Any] | None = None  # the job's measured matmul rate in the run's precision
+        self._matmul_key = ""  # its cache key on this host (flops.cache_key)
         self._stats = StepStats()
         self._start_step = 0  # the step the loop (re)started at: the ETA divides by the steps since
         self._eval_started: float | None = None
@@ -106,18 +107,34 @@ class Reporter:
         if model is None or precision is None:
             return
         key = flops.cache_key(read_cpu_features().model_name, precision.name, self.run.threads,
-                              self.run.launch.local_world_size)
+                              self.run.launch.local_world_size, busy=bool(self.env.get(envvars.CPUS_BUSY)))
         rate, cached = flops.rank_matmul_rate(precision.name, key)
+        self._matmul_key = key
         job = self.run.all_reduce_sum([rate])[0]
         self._flops = flops.count_flops(model, head_on_labels=label_logits.is_applied(model))
         self.matmul = {"precision": precision.name, "job_flops": job, "ranks": self.run.world_size,
                        "size": flops.MATMUL_SIZE, "cached": cached, "non_embedding_params": self._flops.params}
 
     def _mfu(self, flops_per_s: float) -> float | None:
-        if self.matmul is None:
+        if self.matmul is None or "outrun" in self.matmul:
             return None
         value = flops.mfu(flops_per_s, self.matmul["job_flops"])
+        if value is not None and value > 1.0 and self.main:
+            self._outrun(value)
+            return None
         return round(value, 4) if value is not None else None
+
+    def _outrun(self, value: float) -> None:
+        """The model ran faster than the matmul rate it is measured against: that rate was timed while something
+        else ran. Rank 0 (which alone reports) stops showing MFU, says why, and has the next run time it again."""
+        assert self.matmul is not None
+        again = flops.suspect(self._matmul_key)
+        self.matmul["outrun"] = f"MFU {value:.0%} in a log interval; no MFU reported after it"
+        rate = self.matmul["job_flops"] / 1e9 / self.matmul["ranks"]
+        notices.warn(f"this run's model outran the matmul rate {'cached' if self.matmul['cached'] else 'measured'} "
+                     f"for this machine ({rate:.1f} GFLOP/s a rank; MFU {value:.0%}), so that rate was timed while "
+                     f"something else ran; MFU is not reported for the rest of this run"
+                     + (", and the next run times it again" if again else ""), env=self.env)
 
     def _job_shape(self) -> rank_history.JobShape:
         node_cpus = len(read_topology(allowed_from_cpuset=True, env=self.env).allowed)

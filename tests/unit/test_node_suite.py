@@ -14,7 +14,7 @@ from benchmarks import node_suite
 def test_parts_put_the_headline_first_and_hold_the_global_batch() -> None:
     plan = node_suite.parts(ranks=4, cores=16, global_batch=32, model="/m")
     assert [p.name for p in plan] == ["minilm-n4", "bert-n4", "bert-n1", "overhead-n4", "minilm-n1", "ops-bert",
-                                      "compile-bert", "minilm-n2", "minilm-n8"]
+                                      "lockstep-n4", "compile-bert", "minilm-n2", "minilm-n8"]
     for part in (p for p in plan if p.tool == "throughput"):
         batch = int(part.args[part.args.index("--batch-size") + 1])
         assert batch * part.ranks == 32, part.name
@@ -33,11 +33,11 @@ def test_parts_put_the_headline_first_and_hold_the_global_batch() -> None:
 def test_parts_skip_rank_counts_that_do_not_fit_and_quick_is_short() -> None:
     plan = node_suite.parts(ranks=2, cores=2, global_batch=32, model=None, quick=True)
     assert [p.name for p in plan] == ["minilm-n2", "bert-n2", "bert-n1", "overhead-n2", "minilm-n1", "ops-bert",
-                                      "compile-bert"]
+                                      "lockstep-n2", "compile-bert"]
     assert all(p.estimate_s == 20 for p in plan)
     assert all(p.args[p.args.index("--max-steps") + 1] == "12" for p in plan if p.tool == "throughput")
     # One rank with every core: the profile adds one thread for the scaling it reports.
-    ops = plan[-2]
+    ops = plan[-3]
     assert ops.args[ops.args.index("--threads") + 1] == "1,2" and "--vocab" not in ops.args
     assert plan[0].model == "minilm" and "--bert-vocab" not in plan[1].args  # the node's MiniLM package
 
@@ -55,6 +55,8 @@ def test_criteria_say_met_and_not_met_with_their_numbers() -> None:
         "minilm-n1": _result({"corecpu": 150.0}),
         "bert-n4": {"raw": [{"variant": "corecpu", "mfu": 0.5, "matmul": {"job_flops": 4.0e12}}]},
         "overhead-n4": {"comparisons": {"distribution": {"overhead_median": 0.08}}},
+        "lockstep-n4": {"median": {"overhead": 0.12, "co_running": 0.06, "lockstep": 0.03, "code": 0.025,
+                                   "alone_ms": 100.0, "together_ms": 106.0, "ranks_ms": 112.0}},
     }
     lines = node_suite.criteria(results, ranks=4)
     assert lines[0].startswith("- corecpu 4 ranks against the tuned Trainer (trainer_tuned)") and "1.19x" in lines[0]
@@ -64,6 +66,25 @@ def test_criteria_say_met_and_not_met_with_their_numbers() -> None:
     # 0.5 x 4 TFLOP/s = 2 TFLOP/s of the node's 4.318: 46%.
     assert "2.00 TFLOP/s = 46.3% of the node's 2048^3 bf16 rate (bar 35%: met)" in lines[2]
     assert lines[3].endswith("+8.0% (bar 10%: met)")
+    assert lines[4] == ("- that overhead split (lockstep.py): +12.0% = ranks slowing each other +6.0%, waiting for the "
+                        "slowest +3.0%, corecpu's distribution code +2.5% (steps: alone 100 ms, 4 at once 106, "
+                        "4 ranks 112)")
+
+
+def test_the_overhead_split_runs_lockstep_with_train_py_s_model_name(tmp_path: Path) -> None:
+    suite = node_suite.Suite(tmp_path / "out", budget=60, work=tmp_path / "work")
+    try:
+        plan = node_suite.parts(ranks=4, cores=16, global_batch=32, model=None)
+        part = next(p for p in plan if p.name == "lockstep-n4")
+        cmd = node_suite.command(suite, part)
+        assert cmd[1].endswith("lockstep.py") and cmd[cmd.index("--model") + 1] == "default"
+        assert cmd[cmd.index("--ranks") + 1] == "4" and cmd[cmd.index("--batch-size") + 1] == "8"
+        assert cmd[cmd.index("--out") + 1].endswith("lockstep-n4.json")
+        packed = next(p for p in node_suite.parts(ranks=4, cores=16, global_batch=32, model="/m")
+                      if p.name == "lockstep-n4")
+        assert node_suite.command(suite, packed)[3] == "/m"
+    finally:
+        suite.log.close()
 
 
 def test_the_op_profile_runs_op_scaling_and_its_table_reaches_the_summary(tmp_path: Path) -> None:

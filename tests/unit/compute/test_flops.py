@@ -54,6 +54,18 @@ def test_the_rate_is_measured_once_per_key_then_cached(tmp_path):
     assert flops.rank_matmul_rate("bf16", other, tmp_path, measure) == (5e10, False)
 
 
+def test_a_rate_timed_beside_a_busy_neighbour_is_never_used_on_an_idle_start(tmp_path):
+    idle, busy = flops.cache_key("Some CPU", "fp32", 2, 1), flops.cache_key("Some CPU", "fp32", 2, 1, busy=True)
+    assert idle != busy
+    assert flops.rank_matmul_rate("fp32", busy, tmp_path, lambda p: 3e10) == (3e10, False)
+    assert flops.rank_matmul_rate("fp32", idle, tmp_path, lambda p: 9e10) == (9e10, False)
+    assert flops.rank_matmul_rate("fp32", busy, tmp_path, lambda p: 1.0) == (3e10, True)
+
+
+def test_only_a_cached_rate_can_be_suspect(tmp_path):
+    assert not flops.suspect(flops.cache_key("Some CPU", "fp32", 1, 1), tmp_path)
+
+
 def test_measuring_the_rate_leaves_the_training_runs_random_stream_alone():
     # Issue 26: the measurement runs only on a cache miss, so drawing its inputs from the default generator
     # shifted a first run's dropout masks (a LoRA run's losses differed from step 3 on from a resumed run's).

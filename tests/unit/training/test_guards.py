@@ -89,11 +89,41 @@ def test_after_wrap_the_records_and_the_summary_carry_mfu(one_process, tmp_path)
     assert report.matmul["precision"] == "fp32" and report.matmul["job_flops"] > 0
     assert report.matmul["non_embedding_params"] == 64 * 64 + 64 + 64 * 2 + 2
     # Each micro-batch's model FLOPs are summed with its tokens: 6 x N per token, no attention in a Sequential.
-    # (A token count as large as a real interval's, so that the rounded MFU keeps its digits.)
-    report.add(torch.tensor(0.5), 8, {"num_tokens": 8_000_000, "num_padded": 0})
+    # A 100-s interval with the tokens for an MFU of about a half, so that the rounded MFU keeps its digits.
+    params = 64 * 64 + 64 + 64 * 2 + 2
+    report._interval.t0 -= 100.0
+    report.add(torch.tensor(0.5), 8, {"num_tokens": int(0.5 * report.matmul["job_flops"] * 100 / (6 * params)),
+                                      "num_padded": 0})
     report.step_done(_step(1), 1e-3)
     record = _json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
-    assert record["mfu"] == pytest.approx(6 * (64 * 64 + 64 + 64 * 2 + 2) * record["tokens_per_s"]
-                                          / report.matmul["job_flops"], rel=1e-3)
+    assert record["mfu"] == pytest.approx(6 * params * record["tokens_per_s"] / report.matmul["job_flops"], rel=1e-3)
+    assert 0.4 < record["mfu"] < 0.6
     report.close()
     assert "mfu" in _json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_a_matmul_rate_the_model_outruns_is_not_divided_by_and_is_timed_again(one_process, tmp_path, capsys):
+    from corecpu.compute import flops
+
+    model, _ = one_process.wrap(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)), None)
+    report = Reporter(one_process, tmp_path / "out", {}, total_steps=4, progress="off", log_every=1)
+    report.start(0)
+    key = report._matmul_key
+    rate = report.matmul["job_flops"]
+    params = 64 * 64 + 64 + 64 * 2 + 2
+    for number, mfu in ((1, 0.5), (2, 1.5), (3, 0.5)):  # the second interval runs at 1.5x the measured rate
+        report._interval.t0 -= 100.0
+        report.add(torch.tensor(0.5), 8, {"num_tokens": int(mfu * rate * 100 / (6 * params)), "num_padded": 0})
+        report.step_done(_step(number, last=number == 3), 1e-3)
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert "mfu" in records[0] and "mfu" not in records[1] and "mfu" not in records[2]  # none after the proof
+    assert report.mfu is None and report.matmul["outrun"].startswith("MFU 150% in a log interval")
+    err = capsys.readouterr().err
+    assert "this run's model outran the matmul rate measured for this machine" in err
+    assert "and the next run times it again" in err
+    report.close()
+    # The next run measures again and keeps the higher rate: a lower timing cannot replace the cached one.
+    assert flops.rank_matmul_rate("fp32", key, measure=lambda p: rate / 2) == (rate, False)
+    assert flops.rank_matmul_rate("fp32", key, measure=lambda p: 0.0) == (rate, True)  # no longer suspect
+    flops.suspect(key)
+    assert flops.rank_matmul_rate("fp32", key, measure=lambda p: rate * 2) == (rate * 2, False)

@@ -1,0 +1,153 @@
+"""What N ranks cost against one, split into what the host charges and what corecpu's own code does.
+
+    python benchmarks/lockstep.py --data train.tsv                 # 2 ranks, 3 interleaved repeats
+    python benchmarks/lockstep.py --data train.tsv --ranks 4 --repeats 5 --out results/lockstep.json
+
+issue 29 asks for distribution overhead against the compute-only step at the same per-rank batch: `ranks` x one
+rank alone's samples/s over N ranks' (throughput.py's corecpu_1rank). That one figure mixes three things. Each
+repeat runs three things, interleaved, all corecpu's train.py with its defaults at the same per-rank batch:
+
+  alone      one rank alone on one rank's share of the cores (what corecpu_1rank runs);
+  together   N such one-rank runs at once, each on its own share, with the same data order: N ranks' compute and
+             nothing else (no gradient exchanged, no rank waits for another);
+  ranks      `launch N`: the run in question.
+
+From the per-step times (metrics.jsonl at --log-every 1, the first --warmup steps left out):
+
+  co-running = together's mean step / alone's - 1: what N busy cores cost each other (memory, caches, the host);
+  lockstep   = the mean over steps of the slowest together-run's step / together's mean step - 1: what waiting
+               every step for the slowest of N unsynchronised ranks would cost, with no code for it at all
+               (jitter between cores, one vCPU slower than another for a while);
+  code       = ranks' mean step / that mean slowest step - 1: what corecpu's distribution code itself adds (the
+               summing pass, its barriers, the step's scalar collectives; --log-every 1's one all-reduce).
+
+overhead = ranks' mean step / alone's - 1 = (1 + co-running)(1 + lockstep)(1 + code) - 1. Medians over repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+PARTS = ("alone", "together", "ranks")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="training file (TSV/CSV/JSONL) or a built-in name")
+    p.add_argument("--model", default="default", help="train.py --model (default: MiniLM)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=16, help="per rank, as train.py's")
+    p.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
+    p.add_argument("--warmup", type=int, default=10, help="first steps left out of every mean")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/corecpu-lockstep"))
+    p.add_argument("--out", type=Path, default=None, help="result JSON (default: print only)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
+    return p.parse_args()
+
+
+def shares(ranks: int) -> list[str]:
+    """Each rank's share of the cores as a CPU list, the way corecpu binds N ranks on this host."""
+    from corecpu.cpu.topology import read_topology  # the harness process stays free of torch
+
+    topology = read_topology()
+    allowed = set(topology.allowed)
+    cores = [cpus for cpus in (tuple(c for c in core.cpus if c in allowed) for core in topology.cores) if cpus]
+    if len(cores) < ranks:
+        raise SystemExit(f"{ranks} ranks need {ranks} cores, this host allows {len(cores)}; pass --ranks {len(cores)}")
+    per = len(cores) // ranks
+    return [",".join(str(cpu) for core in cores[r * per:(r + 1) * per] for cpu in core) for r in range(ranks)]
+
+
+def train_args(args: argparse.Namespace, out: Path) -> list[str]:
+    return ["--model", args.model, "--data", args.data, "--eval-data", "none", "--max-steps", str(args.steps),
+            "--batch-size", str(args.batch_size), "--log-every", "1", "--progress", "off", "--output-dir", str(out)]
+
+
+def step_times(metrics: Path) -> list[float]:
+    """Seconds of each step, from metrics.jsonl's elapsed_s (one record a step at --log-every 1)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r and "step" in r]
+    return [b - a for a, b in zip(elapsed, elapsed[1:])]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fh = log.open("w")
+    return subprocess.Popen(cmd, cwd=harness.ROOT, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+
+
+def finish(procs: Sequence[subprocess.Popen], logs: Sequence[Path], timeout: float) -> None:
+    for proc, log in zip(procs, logs):
+        if proc.wait(timeout=timeout) != 0:
+            raise SystemExit(f"a run failed (exit {proc.returncode}); its output: {log}")
+
+
+def one_repeat(args: argparse.Namespace, cpus: list[str], run_dir: Path) -> dict[str, list[list[float]]]:
+    """Per part, each run's step times (together: one list per concurrent run)."""
+    launch = harness.corecpu_launch()
+    out: dict[str, list[list[float]]] = {}
+    for part in PARTS:
+        if part == "ranks":
+            dirs = [run_dir / "ranks"]
+            cmds = [[*launch, str(args.ranks), *train_args(args, dirs[0])]]
+        else:
+            count = 1 if part == "alone" else args.ranks
+            dirs = [run_dir / f"{part}{r}" for r in range(count)]
+            cmds = [["taskset", "-c", cpus[r], *launch, "1", *train_args(args, dirs[r])] for r in range(count)]
+        logs = [d.with_suffix(".log") for d in dirs]
+        print(f"  {part}: {len(cmds)} run(s); load average before {os.getloadavg()[0]:.2f}", flush=True)
+        finish([start(c, log) for c, log in zip(cmds, logs)], logs, args.timeout)
+        out[part] = [step_times(d / "metrics.jsonl")[args.warmup:] for d in dirs]
+    return out
+
+
+def decompose(times: dict[str, list[list[float]]]) -> dict[str, float]:
+    """The split of one repeat (see the module docstring)."""
+    alone = statistics.fmean(times["alone"][0])
+    runs = times["together"]
+    n = min(len(r) for r in runs)
+    together = statistics.fmean(x for r in runs for x in r[:n])
+    slowest = statistics.fmean(max(r[i] for r in runs) for i in range(n))
+    ranks = statistics.fmean(times["ranks"][0])
+    return {"alone_ms": 1e3 * alone, "together_ms": 1e3 * together, "slowest_together_ms": 1e3 * slowest,
+            "ranks_ms": 1e3 * ranks, "overhead": ranks / alone - 1, "co_running": together / alone - 1,
+            "lockstep": slowest / together - 1, "code": ranks / slowest - 1}
+
+
+def main() -> None:
+    args = parse_args()
+    cpus = shares(args.ranks)
+    repeats = []
+    for k in range(args.repeats):
+        print(f"repeat {k + 1}/{args.repeats}", flush=True)
+        repeats.append(decompose(one_repeat(args, cpus, args.work_dir / f"repeat{k + 1}")))
+        print("  " + ", ".join(f"{key} {v:.1f}" if key.endswith("_ms") else f"{key} {100 * v:+.1f}%"
+                               for key, v in repeats[-1].items()), flush=True)
+    median = {key: statistics.median(r[key] for r in repeats) for key in repeats[0]}
+    from corecpu.cpu.hardware import read_cpu_features
+
+    result = {"cpu": read_cpu_features().model_name, "ranks": args.ranks, "batch_size": args.batch_size,
+              "steps": args.steps, "warmup": args.warmup, "data": args.data, "model": args.model,
+              "cpus": cpus, "repeats": repeats, "median": median, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "method": __doc__.split("\n\n", 2)[2].strip()}
+    print("median: " + ", ".join(f"{key} {v:.1f}" if key.endswith("_ms") else f"{key} {100 * v:+.1f}%"
+                                 for key, v in median.items()))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
