@@ -140,7 +140,8 @@ def main() -> None:
 
     result = {"cpu": read_cpu_features().model_name, "ranks": args.ranks, "batch_size": args.batch_size,
               "steps": args.steps, "warmup": args.warmup, "data": args.data, "model": args.model,
-              "cpus": cpus, "repeats": repeats, "median": median, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "cpus": cpus, "repeats": repeats, "median": median,
+              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "method": __doc__.split("\n\n", 2)[2].strip()}
     print("median: " + ", ".join(f"{key} {v:.1f}" if key.endswith("_ms") else f"{key} {100 * v:+.1f}%"
                                  for key, v in median.items()))
