@@ -289,8 +289,8 @@ def command(suite: Suite, part: Part) -> list[str]:
                 str(suite.out / f"{part.name}.json"), *part.args]
     if part.tool == "lockstep":  # train.py's own --model: "minilm" is its default
         model = "default" if part.model == "minilm" else part.model
-        return [sys.executable, str(BENCH / "lockstep.py"), "--model", model, "--ranks", str(part.ranks), "--out", str(suite.out / f"{part.name}.json"), "--work-dir",
-                str(suite.work / part.name), *part.args]
+        return [sys.executable, str(BENCH / "lockstep.py"), "--model", model, "--ranks", str(part.ranks), "--out",
+                str(suite.out / f"{part.name}.json"), "--work-dir", str(suite.work / part.name), *part.args]
     return [sys.executable, str(BENCH / "throughput.py"), "--model", part.model, "--ranks", str(part.ranks),
             "--out", str(suite.out / f"{part.name}.json"), "--work-dir", str(suite.work / part.name), *part.args]
 
