@@ -93,14 +93,21 @@ def step_times(metrics: Path, world: int = 1) -> list[tuple[float, float]]:
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
-    fh = log.open("w")
-    return subprocess.Popen(cmd, cwd=harness.ROOT, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+    with log.open("w") as fh:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, cwd=harness.ROOT, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
 
 
 def finish(procs: Sequence[subprocess.Popen], logs: Sequence[Path], timeout: float) -> None:
-    for proc, log in zip(procs, logs):
-        if proc.wait(timeout=timeout) != 0:
-            raise SystemExit(f"a run failed (exit {proc.returncode}); its output: {log}")
+    """Wait for every run; on a failure or a timeout, stop the runs still going (no orphan holds a core)."""
+    try:
+        for proc, log in zip(procs, logs):
+            if proc.wait(timeout=timeout) != 0:
+                raise SystemExit(f"a run failed (exit {proc.returncode}); its output: {log}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 Steps = dict[str, list[list[tuple[float, float]]]]  # part -> each run's (seconds, tokens a rank) per step

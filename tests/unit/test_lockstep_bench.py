@@ -76,3 +76,11 @@ def test_train_args_skip_evaluation_and_log_every_step(tmp_path: Path) -> None:
     cmd = lockstep.train_args(ns, tmp_path / "o")
     assert cmd[cmd.index("--eval-data") + 1] == "none" and cmd[cmd.index("--log-every") + 1] == "1"
     assert cmd[cmd.index("--max-steps") + 1] == "50" and cmd[cmd.index("--batch-size") + 1] == "16"
+
+
+def test_a_failed_run_stops_the_ones_still_going(tmp_path: Path) -> None:
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    procs = [lockstep.start(["false"], logs[0]), lockstep.start(["sleep", "30"], logs[1])]
+    with pytest.raises(SystemExit, match=r"a run failed \(exit 1\); its output: .*a\.log"):
+        lockstep.finish(procs, logs, timeout=20)
+    assert procs[1].returncode is not None  # killed, not left running
