@@ -102,10 +102,16 @@ def reference_variant(reference: str) -> str:
     return f"corecpu@{reference}"
 
 
+def rank_shares(cores: list[tuple[int, ...]], ranks: int) -> list[str]:
+    """Each rank's share of this host's cores (len(cores) // ranks of them in a row, every CPU of each), as CPU
+    lists; with fewer cores than ranks the first rank still gets one."""
+    per = max(1, len(cores) // ranks)
+    return [",".join(str(c) for core in cores[r * per:(r + 1) * per] for c in core) for r in range(ranks)]
+
+
 def one_rank_cpus(cores: list[tuple[int, ...]], ranks: int) -> str:
-    """One rank's share of this host's cores (the first len(cores) // ranks, every CPU of each), as a CPU list."""
-    share = cores[:max(1, len(cores) // ranks)]
-    return ",".join(str(c) for core in share for c in core)
+    """One rank's share of this host's cores, as a CPU list (rank_shares' first)."""
+    return rank_shares(cores, ranks)[0]
 
 
 def holdout_split(n: int, fraction: float = 0.1, seed: int = 0) -> tuple[list[int], list[int]]:

@@ -67,15 +67,12 @@ def parse_args() -> argparse.Namespace:
 
 def shares(ranks: int) -> list[str]:
     """Each rank's share of the cores as a CPU list, the way corecpu binds N ranks on this host."""
-    from corecpu.cpu.topology import read_topology  # the harness process stays free of torch
+    from throughput import allowed_cores  # the harness process stays free of torch
 
-    topology = read_topology()
-    allowed = set(topology.allowed)
-    cores = [cpus for cpus in (tuple(c for c in core.cpus if c in allowed) for core in topology.cores) if cpus]
+    cores = allowed_cores()
     if len(cores) < ranks:
         raise SystemExit(f"{ranks} ranks need {ranks} cores, this host allows {len(cores)}; pass --ranks {len(cores)}")
-    per = len(cores) // ranks
-    return [",".join(str(cpu) for core in cores[r * per:(r + 1) * per] for cpu in core) for r in range(ranks)]
+    return harness.rank_shares(cores, ranks)
 
 
 def train_args(args: argparse.Namespace, out: Path) -> list[str]:

@@ -218,13 +218,17 @@ def export_reference(commit: str, work: Path) -> Path:
     return tree
 
 
-def one_rank_share(ranks: int) -> str:
+def allowed_cores() -> list[tuple[int, ...]]:
+    """This host's cores, each as the CPUs of it this process may use; cores with none left out."""
     from corecpu.cpu.topology import read_topology
 
     topology = read_topology()
     allowed = set(topology.allowed)
-    cores = [tuple(c for c in core.cpus if c in allowed) for core in topology.cores]
-    return harness.one_rank_cpus([c for c in cores if c], ranks)
+    return [cpus for cpus in (tuple(c for c in core.cpus if c in allowed) for core in topology.cores) if cpus]
+
+
+def one_rank_share(ranks: int) -> str:
+    return harness.one_rank_cpus(allowed_cores(), ranks)
 
 
 def paired(raw: list[dict[str, Any]], variant: str, reference: str, key: str, scale: float = 1.0) -> dict[str, Any]:
