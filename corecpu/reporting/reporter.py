@@ -23,7 +23,7 @@ from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
 from corecpu.compute import flops
-from corecpu.compute.wrappers import unwrap
+from corecpu.compute.wrappers import saving_unwrapped, unwrap
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.cpu.topology import read_topology
 from corecpu.cpu.memory_use import memory_use, peak_rss_mb
@@ -308,7 +308,7 @@ def export_final(final: Path, model: Any, tokenizer: Any, summary: dict[str, Any
                  card: Callable[[Path, dict[str, Any]], Any] | None = None) -> Path:
     """The model as save_pretrained (safetensors), its tokenizer and `card(dir, summary)`, written to a
     temporary directory that replaces `final` only once complete: a kill keeps the old final/ or the new."""
-    with atomic.replacing_dir(final) as staging:
+    with atomic.replacing_dir(final) as staging, saving_unwrapped():
         model.save_pretrained(staging, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
