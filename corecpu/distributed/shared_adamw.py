@@ -205,8 +205,9 @@ class SharedAdamW:
         self._published = buffers[7 + world:]
         # The waits inside a step go through shared memory where stores are seen in order (shm_sync), else through
         # the process group, as the waits while setting up do.
+        self._sync: ShmSync | None = None
         if shm_sync.usable():
-            sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s)
+            sync = self._sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s)
             self._step_barrier, self._step_sum = sync.barrier, sync.sum
         else:
             self._step_barrier, self._step_sum = barrier, sum_scalar
@@ -232,6 +233,12 @@ class SharedAdamW:
         optimizer.register_step_post_hook(self._post_step)
         optimizer.register_state_dict_post_hook(_private_copies)
         optimizer.register_load_state_dict_post_hook(lambda opt: self._adopt_state(loaded=True))
+
+    @property
+    def waited_s(self) -> float | None:
+        """Seconds this rank has waited inside steps for slower ranks so far; None where the waits go through the
+        process group (their time there is not told apart from the transfer's)."""
+        return self._sync.waited_s if self._sync is not None else None
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         out, offset = [], 0

@@ -6,6 +6,9 @@ Each rank writes a generation counter and waits until every counter has reached 
 usually arrive within microseconds of each other), then yielding the CPU, then short sleeps, so a rank that waits
 long (its peer evaluating, or sharing a core with it) costs the machine little.
 
+Each rank also counts the seconds it spent waiting here (`waited_s`): what stepping in lockstep with slower ranks
+cost it. The step line and summary.json report it (corecpu.reporting.rank_wait).
+
 Plain loads and stores order correctly only where stores are seen in program order (x86-64's TSO): the data a
 rank wrote before its counter is visible to whoever sees the counter. `usable()` says where that holds.
 """
@@ -43,6 +46,7 @@ class ShmSync:
         self._generation = int(self._counters[rank])
         self._alive = alive or pid_alive
         self._pids[rank] = os.getpid()
+        self.waited_s = 0.0  # in barrier(), past the first check: time this rank stood waiting for the others
 
     def barrier(self) -> None:
         """Wait until every rank has called this as many times as this rank has."""
@@ -51,7 +55,14 @@ class ShmSync:
         self._counters[self.rank] = generation
         if self._counters.min() >= generation:
             return
-        tries, started, checked = 0, time.monotonic(), time.monotonic()
+        started = time.monotonic()
+        try:
+            self._wait(generation, started)
+        finally:
+            self.waited_s += time.monotonic() - started
+
+    def _wait(self, generation: int, started: float) -> None:
+        tries, checked = 0, started
         while self._counters.min() < generation:
             tries += 1
             if tries <= _SPINS:

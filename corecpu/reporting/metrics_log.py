@@ -108,6 +108,7 @@ def format_step(record: dict[str, Any], total_steps: int, seconds_per_step: floa
             + f"{record['samples_per_s']:8.1f} samples/s | {record['tokens_per_s']:9.0f} tokens/s")
     line += f" | padding {record['padding']:.0%}" if "padding" in record else ""
     line += f" | MFU {record['mfu']:.1%}" if "mfu" in record else ""
+    line += f" | wait {record['wait']:.0%}" if "wait" in record else ""
     if seconds_per_step is not None and "elapsed_s" in record:
         eta = max(total_steps - record["step"], 0) * seconds_per_step
         line += (f" | {seconds_per_step:.2f} s/step | elapsed {clock(record['elapsed_s'])} | eta {clock(eta)}")

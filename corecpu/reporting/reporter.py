@@ -18,12 +18,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from corecpu.reporting import rank_history
+from corecpu.reporting import rank_history, rank_wait
 from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
 from corecpu.compute import flops
 from corecpu.compute.wrappers import saving_unwrapped, unwrap
+from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.cpu.topology import read_topology
 from corecpu.cpu.memory_use import memory_use, peak_rss_mb
@@ -75,6 +76,7 @@ class Reporter:
         self.last_eval: dict[str, float] | None = None
         self._shape: rank_history.JobShape | None = None  # rank 0's: samples/s per rank count (start() sets it)
         self._advised = False  # start() already said another rank count trained this job faster
+        self.waits = rank_wait.WaitLog(self.started)  # how long the ranks waited for each other (shared step)
 
     # ------------------------------------------------------------ lines for people
     def say(self, text: str) -> None:
@@ -86,6 +88,7 @@ class Reporter:
         """As the loop starts (after run.wrap(): the precision is settled): config.json, topology.json, progress."""
         self._measure_matmul()
         self.started = time.perf_counter()
+        self.waits = rank_wait.WaitLog(self.started)
         self._start_step = step
         self.start_up_s = seconds_since_launch(self.env)
         if self.main:
@@ -162,8 +165,9 @@ class Reporter:
         (reducing the sums across ranks only then), and the progress bar. `grad_norm`: what clip_grad_norm_
         returned (the same on every rank); read, like the loss, only on a log step: the logged step's own."""
         if step.number % self.log_every == 0 or step.is_last:
+            waited = self.run.waited_s  # measured on every rank or on none (the shared step is collective)
             stats = self._stats.reduce(self.run.all_reduce_sum, rank=self.run.rank, world_size=self.run.world_size,
-                                       rank_value=peak_rss_mb())
+                                       rank_values=[peak_rss_mb()] + ([waited] if waited is not None else []))
             if not math.isfinite(stats["loss"]):  # the same reduced value on every rank: all stop together
                 since = f" (finite at step {self._last_step})" if self._last_step else ""
                 raise CoreCPUError(f"the training loss became {stats['loss']} by step {step.number}{since}; stopped "
@@ -197,9 +201,12 @@ class Reporter:
             record["padding"] = round(stats["padding"], 4)
         if (utilisation := self._mfu(fps)) is not None:
             record["mfu"] = utilisation
-        if stats.get("per_rank"):  # every rank's peak resident set so far: the highest, and each
-            record["peak_rss_mb"] = round(max(stats["per_rank"]), 1)
-            record["rank_peak_rss_mb"] = [round(v, 1) for v in stats["per_rank"]]
+        per_rank = stats.get("per_rank") or []
+        if per_rank:  # every rank's peak resident set so far: the highest, and each
+            record["peak_rss_mb"] = round(max(per_rank[0]), 1)
+            record["rank_peak_rss_mb"] = [round(v, 1) for v in per_rank[0]]
+        if len(per_rank) > 1:  # every rank's seconds waited for the others so far
+            record.update(self.waits.record(now, per_rank[1]))
         if self.metrics:
             self.metrics.write(record)
             done = step - self._start_step
@@ -272,6 +279,7 @@ class Reporter:
         if self.main:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
                        "samples_per_s_after_warmup": self.samples_per_s, "mfu_after_warmup": self.mfu,
+                       **self.waits.summary(),
                        "matmul": self.matmul, "resolved": self.run.resolved(),
                        "peak_rss_mb": max((v["peak_rss_mb"] for v in views), default=None),  # the highest rank's
                        "ranks": views}
@@ -284,8 +292,13 @@ class Reporter:
             self._write("summary.json", summary)  # last: a kill before this leaves no summary of this end
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
             rate += f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
+            waited = self.waits.summary()["wait_after_warmup"]
+            rate += f", ranks waited {waited:.1%} of it for each other" if waited is not None else ""
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
             self._record_rate(steps)
+            slow = self.waits.straggler_line([format_cpu_list(b.get("cpus") or []) for b in self.reports])
+            if slow:
+                notices.warn(slow, env=self.env)
         self.close()
         self.run.barrier()
         return final

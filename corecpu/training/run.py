@@ -156,6 +156,13 @@ class Run:
             return SparseChoice("off", "single process" if self.world_size < 2 else "requested")
         return SparseChoice(self.options.sparse_embedding_allreduce, "settled when the model is wrapped")
 
+    @property
+    def waited_s(self) -> float | None:
+        """Seconds this rank has waited so far, inside the shared optimizer step, for slower ranks; None where
+        that is not measured (one rank, or DDP: its waits hide inside the all-reduce)."""
+        wrapped = self._wrapped.get()
+        return wrapped.shared.waited_s if wrapped is not None and wrapped.shared is not None else None
+
     def describe(self) -> dict[str, str]:
         """Every resolved choice and why, for the start-up lines, config.json and checkpoints."""
         p = self.precision

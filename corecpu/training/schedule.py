@@ -102,13 +102,15 @@ class StepStats:
         self.flops += flops
 
     def reduce(self, all_reduce_sum: Callable[[Sequence[float]], list[float]], *, rank: int = 0, world_size: int = 1,
-               rank_value: float = 0.0) -> dict[str, Any]:
-        """Global mean loss and totals since the last call (a collective: every rank calls it). `rank_value`
-        (this rank's peak RSS, say) comes back for every rank as "per_rank", in the same all-reduce."""
-        slots = [0.0] * world_size
-        slots[rank] = rank_value
-        loss, weight, samples, tokens, padded, flops, *per_rank = all_reduce_sum(
+               rank_values: Sequence[float] = ()) -> dict[str, Any]:
+        """Global mean loss and totals since the last call (a collective: every rank calls it). `rank_values`
+        (this rank's peak RSS, say) come back as "per_rank": for each, every rank's, in the same all-reduce."""
+        width = len(rank_values)
+        slots = [0.0] * (world_size * width)
+        slots[rank * width:(rank + 1) * width] = rank_values
+        loss, weight, samples, tokens, padded, flops, *gathered = all_reduce_sum(
             [self.loss_sum.item(), self.weight, self.samples, self.tokens, self.padded, self.flops, *slots])
         self.__init__()
+        per_rank = [[gathered[r * width + i] for r in range(world_size)] for i in range(width)]
         return {"loss": loss / max(weight, 1e-12), "samples": samples, "tokens": tokens,
                 "padding": padded / max(tokens + padded, 1), "flops": flops, "per_rank": per_rank}

@@ -34,6 +34,15 @@ def test_launch_two_ranks_tiny(tmp_path):
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000010", "step-00000012"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"][0]["param_checksum"] == summary["ranks"][1]["param_checksum"]
+    # With the optimizer sharded through shared memory every record says how long each rank waited for the other.
+    shard = json.loads((out / "config.json").read_text())["decisions"]["shard_optimizer"]
+    if shard.startswith("shm"):
+        for r in train:
+            assert len(r["rank_wait"]) == 2 and all(0 <= w <= 1 for w in r["rank_wait"])
+            assert r["wait"] == pytest.approx(sum(r["rank_wait"]) / 2, abs=1e-4)
+        assert 0 <= summary["wait_after_warmup"] <= 1 and len(summary["rank_wait_after_warmup"]) == 2
+    else:
+        assert all("wait" not in r for r in train) and summary["wait_after_warmup"] is None
     # The final model loads with plain transformers, in a process that never imports corecpu.
     code = ("import sys, torch; from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T;"
             "m = M.from_pretrained(sys.argv[1]); t = T.from_pretrained(sys.argv[1]);"

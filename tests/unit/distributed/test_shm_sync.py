@@ -53,3 +53,19 @@ def test_a_rank_that_never_comes_times_out_in_one_line():
     with pytest.raises(CoreCPUError, match=r"ranks \[1\] did not reach the shared optimizer step within 0.5 s"):
         sync.barrier()
     assert time.monotonic() - started < 5
+
+
+def test_each_rank_counts_the_time_it_stood_waiting_for_the_others():
+    counters, values, pids = buffers(2)
+    syncs: dict[int, ShmSync] = {}
+
+    def rank(r: int) -> None:
+        sync = syncs[r] = ShmSync(counters, values, pids, rank=r, timeout_s=30)
+        for _ in range(3):
+            if r == 1:
+                time.sleep(0.1)  # rank 1 computes longer: rank 0 waits for it at every barrier
+            sync.barrier()
+
+    run_ranks(2, Group(2), rank)
+    assert 0.25 <= syncs[0].waited_s < 1.0
+    assert syncs[1].waited_s < 0.05
