@@ -41,10 +41,13 @@ def straggler(rank_shares: Sequence[float]) -> int | None:
         return None
     slow = min(range(len(rank_shares)), key=lambda r: rank_shares[r])
     others = [s for r, s in enumerate(rank_shares) if r != slow]
-    mean = sum(others) / len(others)
-    if mean >= STRAGGLER_WAIT and rank_shares[slow] <= STRAGGLER_RATIO * min(others):
+    if _mean_of_others(rank_shares, slow) >= STRAGGLER_WAIT and rank_shares[slow] <= STRAGGLER_RATIO * min(others):
         return slow
     return None
+
+
+def _mean_of_others(rank_shares: Sequence[float], rank: int) -> float:
+    return sum(s for r, s in enumerate(rank_shares) if r != rank) / (len(rank_shares) - 1)
 
 
 class WaitLog:
@@ -52,11 +55,17 @@ class WaitLog:
     record) and the summary's (since the first record: the first interval is warm-up, as for samples/s)."""
 
     def __init__(self, started: float) -> None:
-        self._last: tuple[float, list[float]] | None = None
-        self._first: tuple[float, list[float]] | None = None
+        self._last: tuple[float, list[float]] | None = None  # (when, every rank's seconds so far) at the last record
+        self._first: tuple[float, list[float]] | None = None  # the same at the first record
         self._started = started
-        self.window: list[float] | None = None  # each rank's share of the summary's window
-        self.intervals = 0  # log intervals in that window
+        self.intervals = 0  # log intervals since the first record
+
+    @property
+    def window(self) -> list[float] | None:
+        """Each rank's share of the time since the first record spent waiting; None before a second record."""
+        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+            return None
+        return shares(self._last[1], self._first[1], self._last[0] - self._first[0])
 
     def record(self, now: float, waited: Sequence[float]) -> dict[str, float | list[float]]:
         """`waited`: every rank's seconds so far. The record's "wait" (the ranks' mean share: what lockstep cost)
@@ -67,7 +76,6 @@ class WaitLog:
         if self._first is None:
             self._first = self._last
         elif now > self._first[0]:
-            self.window = shares(waited, self._first[1], now - self._first[0])
             self.intervals += 1
         return {"wait": round(sum(interval) / len(interval), 4), "rank_wait": [round(v, 4) for v in interval]}
 
@@ -78,9 +86,10 @@ class WaitLog:
 
     def straggler_line(self, cpus: Sequence[str]) -> str | None:
         """The end-of-run line naming a straggler, once the window is long enough to tell one from jitter."""
-        if self.window is None or self.intervals < STRAGGLER_INTERVALS:
+        window = self.window
+        if window is None or self.intervals < STRAGGLER_INTERVALS:
             return None
-        return straggler_line(self.window, cpus)
+        return straggler_line(window, cpus)
 
 
 def straggler_line(rank_shares: Sequence[float], cpus: Sequence[str]) -> str | None:
@@ -88,7 +97,7 @@ def straggler_line(rank_shares: Sequence[float], cpus: Sequence[str]) -> str | N
     slow = straggler(rank_shares)
     if slow is None:
         return None
-    mean = sum(s for r, s in enumerate(rank_shares) if r != slow) / (len(rank_shares) - 1)
+    mean = _mean_of_others(rank_shares, slow)
     where = f" (CPUs {cpus[slow]})" if slow < len(cpus) and cpus[slow] else ""
     return (f"rank {slow}{where} was the slow one: the other ranks spent {mean:.0%} of the training time waiting "
             f"for it; something else runs on its CPUs, or they are slower. Free them, or run fewer ranks "

@@ -292,7 +292,7 @@ class Reporter:
             self._write("summary.json", summary)  # last: a kill before this leaves no summary of this end
             rate = f"{self.samples_per_s:.1f} samples/s after the first log interval" if self.samples_per_s else "n/a"
             rate += f", MFU {self.mfu:.1%}" if self.mfu is not None else ""
-            waited = self.waits.summary()["wait_after_warmup"]
+            waited = summary["wait_after_warmup"]
             rate += f", ranks waited {waited:.1%} of it for each other" if waited is not None else ""
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
             self._record_rate(steps)
