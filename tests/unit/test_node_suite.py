@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -160,3 +162,16 @@ def test_phases_starts_its_ranks_without_launch_sh(monkeypatch: pytest.MonkeyPat
     assert cmd[:3] == [phases.sys.executable, "-m", "corecpu.launch"] and not any("launch.sh" in c for c in cmd)
     assert cmd[cmd.index("--default-script") + 2:cmd.index("--default-script") + 4] == ["2", phases.__file__]
     assert cmd[-1] == "--worker"
+
+
+def test_a_part_far_slower_than_its_estimate_is_stopped_and_the_next_runs(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(node_suite, "PART_SLACK_S", 1.0)
+    suite = node_suite.Suite(tmp_path / "out", budget=120, work=tmp_path / "work")
+    try:
+        started = time.monotonic()
+        slow = suite.run("slow", [sys.executable, "-c", "import time; time.sleep(60)"], estimate=0.1)
+        assert time.monotonic() - started < 20
+        assert slow["status"] == "failed (stopped at 1 s, its cap)"
+        assert suite.run("next", [sys.executable, "-c", "pass"], estimate=0.1)["status"] == "ok"
+    finally:
+        suite.log.close()
