@@ -71,10 +71,11 @@ class Suite:
     def left(self) -> float:
         return self.deadline - time.monotonic() - RESERVE_S
 
-    def run(self, name: str, cmd: list[str], estimate: float, label: str = "") -> dict:
+    def run(self, name: str, cmd: list[str], estimate: float, label: str = "", cap_basis: float | None = None) -> dict:
         """One part: skipped when its estimate does not fit; stopped (its whole process group) at the deadline, or
         at PART_CAP times its estimate (a CPU where it runs far slower than expected, one that emulates bf16 say,
-        leaves the time to the parts after it)."""
+        leaves the time to the parts after it). `cap_basis`: the estimate the cap is taken from, when not
+        `estimate` (a --quick run's parts are estimated short, to fit, but may run as long as the node's)."""
         if self.left() < estimate:
             self.say(f"{name}: skipped, {estimate:.0f} s estimated and {self.left():.0f} s left")
             self.parts[name] = {"status": "skipped (budget)", "estimate_s": estimate}
@@ -84,7 +85,8 @@ class Suite:
         with (self.out / f"{name}.txt").open("w") as fh:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-            cap = max(PART_CAP * estimate, estimate + PART_SLACK_S)
+            basis = estimate if cap_basis is None else cap_basis
+            cap = max(PART_CAP * basis, basis + PART_SLACK_S)
             try:
                 rc = proc.wait(timeout=max(1.0, min(self.left(), cap)))
             except subprocess.TimeoutExpired:
@@ -231,7 +233,7 @@ def main() -> None:
                               "--repeats", "7", "--out", str(args.out / "dropout.json")],
                   15, label="the dropout kernels at 1 thread, one rank's share and every core")  # 4.7 s on 2 CPUs
         for part in parts(args.ranks, cores, args.global_batch, model, args.quick):
-            suite.run(part.name, command(suite, part), part.estimate_s)
+            suite.run(part.name, command(suite, part), part.estimate_s, cap_basis=part.node_estimate_s)
             keep_logs(suite, part.name)
     finally:
         facts(suite, "after")
@@ -246,6 +248,7 @@ class Part:
     ranks: int
     args: tuple[str, ...]
     estimate_s: float  # on the 16-core node; a part starts only when this fits in what is left
+    node_estimate_s: float | None = None  # a --quick run's: the node's estimate, which its cap is taken from
     tool: str = "throughput"  # the benchmarks/ script it runs: throughput, op_scaling or lockstep
 
 
@@ -292,7 +295,7 @@ def parts(ranks: int, cores: int, global_batch: int, model: str | None, quick: b
         if other not in (ranks, 1) and cores % other == 0 and global_batch % other == 0:
             out.append(Part(f"minilm-n{other}", m, other, (*batch(other), "--variants", "corecpu", "--repeats", "1",
                                                            *epoch), 60))
-    return [replace(p, estimate_s=20) for p in out] if quick else out
+    return [replace(p, estimate_s=20, node_estimate_s=p.estimate_s) for p in out] if quick else out
 
 
 def command(suite: Suite, part: Part) -> list[str]:

@@ -55,13 +55,17 @@ CCL_SOURCE = "CORECPU_CCL_SOURCE"
 CCL_STRESS_STEPS = "CORECPU_CCL_STRESS_STEPS"
 # Set by the user, read by test.sh: pytest workers for the whole suite (default 2; 0: one process).
 TEST_WORKERS = "CORECPU_TEST_WORKERS"
+# Set by the user, read by the ranks' reporting: "0" and the ranks do not read their CPUs' counters while training
+# (corecpu.cpu.contention): no rank_cpu_* figures, and a run's samples/s goes to the rank-count history under its
+# start's load state whatever ran beside it (the tests that hold a job's conditions equal under `pytest -n 2`).
+WATCH_CPUS = "CORECPU_WATCH_CPUS"
 
 # Set by the user, read by examples/slurm/train.sbatch: mpirun instead of srun, the script, the environment.
 SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV = "CORECPU_LAUNCHER", "CORECPU_TRAIN", "CORECPU_VENV"
 
 ALL = (MPI, RANKS_DECISION, BOUND_CPUS, PLAN_NOTE, COMM_CPU, THREADS_DECISION, BACKEND, BINDING, BINDING_REASON, CPUS_BUSY, TTY, LAUNCHER_PID, LOG_DIR, LOG_REDIRECTS, LOG_TEE,
        LOG_RANKS_FILTER, JOB_DIR, ALLOCATOR, CACHE_DIR, TORCH_INDEX, CCL_SOURCE,
-       CCL_STRESS_STEPS, TEST_WORKERS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
+       CCL_STRESS_STEPS, TEST_WORKERS, WATCH_CPUS, SBATCH_LAUNCHER, SBATCH_TRAIN, SBATCH_VENV)
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:

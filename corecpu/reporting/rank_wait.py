@@ -11,12 +11,13 @@ lockstep with no gradient exchanged: their step times differed by 13-14% (sd of 
 with a lag-1 autocorrelation of 0.2-0.25 and none beyond, so the faster rank cannot be given more of the batch
 ahead of time (a split following an average of past ratios won nothing); lockstep cost 4.6-5.4%. corecpu's
 2-rank runs there read `wait` 5-7%. A share that is large on every rank but one names a straggler: something
-else running on that rank's CPUs, or slower CPUs.
+else running on that rank's CPUs, the hypervisor giving them away, or slower CPUs (corecpu.reporting.cpu_taken
+says which, from each rank's /proc/stat counters).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 # A straggler is named when, over at least STRAGGLER_INTERVALS log intervals after the first, the other ranks lost
 # at least this share of their time waiting (jitter alone: up to 20% a rank over one 10-step interval, 5-9% over
@@ -84,24 +85,31 @@ class WaitLog:
         return {"wait_after_warmup": round(sum(window) / len(window), 4) if window else None,
                 "rank_wait_after_warmup": [round(v, 4) for v in window] if window else None}
 
-    def straggler_line(self, cpus: Sequence[str]) -> str | None:
-        """The end-of-run line naming a straggler, once the window is long enough to tell one from jitter."""
+    def straggler(self) -> int | None:
+        """The rank the others waited for after warm-up, once the window is long enough to tell one from jitter."""
         window = self.window
         if window is None or self.intervals < STRAGGLER_INTERVALS:
             return None
-        return straggler_line(window, cpus)
+        return straggler(window)
+
+    def straggler_line(self, cpus: Sequence[str], cause: Callable[[int], str | None] = lambda rank: None
+                       ) -> str | None:
+        """The end-of-run line naming a straggler; `cause(rank)`: what held it back, when that was measured."""
+        slow, window = self.straggler(), self.window
+        return None if slow is None or window is None else straggler_line(window, cpus, cause(slow))
 
 
-def straggler_line(rank_shares: Sequence[float], cpus: Sequence[str]) -> str | None:
-    """One line for the end of a run whose ranks kept waiting for one of them; `cpus`: each rank's CPU list."""
+def straggler_line(rank_shares: Sequence[float], cpus: Sequence[str], cause: str | None = None) -> str | None:
+    """One line for the end of a run whose ranks kept waiting for one of them; `cpus`: each rank's CPU list;
+    `cause`: what held it back (corecpu.reporting.cpu_taken.cause), ending where the advice on freeing it may."""
     slow = straggler(rank_shares)
     if slow is None:
         return None
     mean = _mean_of_others(rank_shares, slow)
     where = f" (CPUs {cpus[slow]})" if slow < len(cpus) and cpus[slow] else ""
+    why = cause or "something else runs on its CPUs, or they are slower. Free them"
     return (f"rank {slow}{where} was the slow one: the other ranks spent {mean:.0%} of the training time waiting "
-            f"for it; something else runs on its CPUs, or they are slower. Free them, or run fewer ranks "
-            f"(`./launch.sh auto` picks the rank count by measuring)")
+            f"for it; {why}, or run fewer ranks (`./launch.sh auto` picks the rank count by measuring)")
 
 
 __all__ = ["STRAGGLER_INTERVALS", "STRAGGLER_RATIO", "STRAGGLER_WAIT", "WaitLog", "shares", "straggler",

@@ -18,12 +18,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from corecpu.reporting import rank_history, rank_wait
+from corecpu.reporting import cpu_taken, rank_history, rank_wait
 from corecpu.reporting.console import make_console, make_progress
 from corecpu.reporting.metrics_log import MetricsLog, Throughput, format_step
 from corecpu.reporting.trackers import open_trackers
 from corecpu.compute import flops
 from corecpu.compute.wrappers import saving_unwrapped, unwrap
+from corecpu.cpu import contention
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.cpu.topology import read_topology
@@ -77,6 +78,9 @@ class Reporter:
         self._shape: rank_history.JobShape | None = None  # rank 0's: samples/s per rank count (start() sets it)
         self._advised = False  # start() already said another rank count trained this job faster
         self.waits = rank_wait.WaitLog(self.started)  # how long the ranks waited for each other (shared step)
+        self.taken = cpu_taken.TakenLog()  # how much of each rank's CPUs others took (every log step's totals)
+        self._cpus = contention.watched_cpus(run.rank, self.reports) if self.env.get(envvars.WATCH_CPUS) != "0" else []
+        self._cpu_start: contention.CpuTimes | None = None
 
     # ------------------------------------------------------------ lines for people
     def say(self, text: str) -> None:
@@ -89,6 +93,8 @@ class Reporter:
         self._measure_matmul()
         self.started = time.perf_counter()
         self.waits = rank_wait.WaitLog(self.started)
+        self.taken = cpu_taken.TakenLog()
+        self._cpu_start = contention.sample(self._cpus) if self._cpus else None
         self._start_step = step
         self.start_up_s = seconds_since_launch(self.env)
         if self.main:
@@ -139,12 +145,13 @@ class Reporter:
                      f"something else ran; MFU is not reported for the rest of this run"
                      + (", and the next run times it again" if again else ""), env=self.env)
 
-    def _job_shape(self) -> rank_history.JobShape:
+    def _job_shape(self, busy: bool = False) -> rank_history.JobShape:
+        """`busy`: as if the launcher had found CPUs busy at start, whatever it found."""
         node_cpus = len(read_topology(allowed_from_cpuset=True, env=self.env).allowed)
         return rank_history.job_shape(self.config, self.run.binding, cpu_model=read_cpu_features().model_name,
                                       node_cpus=node_cpus, world_size=self.run.world_size,
                                       local_world_size=self.run.launch.local_world_size,
-                                      busy=bool(self.env.get(envvars.CPUS_BUSY)))
+                                      busy=busy or bool(self.env.get(envvars.CPUS_BUSY)))
 
     def advance(self, step: int, status: str) -> None:
         if self.progress:
@@ -166,8 +173,11 @@ class Reporter:
         returned (the same on every rank); read, like the loss, only on a log step: the logged step's own."""
         if step.number % self.log_every == 0 or step.is_last:
             waited = self.run.waited_s  # measured on every rank or on none (the shared step is collective)
+            values = {"peak_rss_mb": peak_rss_mb(), **({"waited_s": waited} if waited is not None else {}),
+                      **dict(zip(("cpu_others_s", "cpu_steal_s", "cpu_counted_s"), self._cpu_totals()))}
             stats = self._stats.reduce(self.run.all_reduce_sum, rank=self.run.rank, world_size=self.run.world_size,
-                                       rank_values=[peak_rss_mb()] + ([waited] if waited is not None else []))
+                                       rank_values=list(values.values()))
+            stats["by_rank"] = dict(zip(values, stats["per_rank"]))
             if not math.isfinite(stats["loss"]):  # the same reduced value on every rank: all stop together
                 since = f" (finite at step {self._last_step})" if self._last_step else ""
                 raise CoreCPUError(f"the training loss became {stats['loss']} by step {step.number}{since}; stopped "
@@ -201,12 +211,14 @@ class Reporter:
             record["padding"] = round(stats["padding"], 4)
         if (utilisation := self._mfu(fps)) is not None:
             record["mfu"] = utilisation
-        per_rank = stats.get("per_rank") or []
-        if per_rank:  # every rank's peak resident set so far: the highest, and each
-            record["peak_rss_mb"] = round(max(per_rank[0]), 1)
-            record["rank_peak_rss_mb"] = [round(v, 1) for v in per_rank[0]]
-        if len(per_rank) > 1:  # every rank's seconds waited for the others so far
-            record.update(self.waits.record(now, per_rank[1]))
+        by_rank = stats.get("by_rank") or {}
+        if "peak_rss_mb" in by_rank:  # every rank's peak resident set so far: the highest, and each
+            record["peak_rss_mb"] = round(max(by_rank["peak_rss_mb"]), 1)
+            record["rank_peak_rss_mb"] = [round(v, 1) for v in by_rank["peak_rss_mb"]]
+        if "waited_s" in by_rank:  # every rank's seconds waited for the others so far
+            record.update(self.waits.record(now, by_rank["waited_s"]))
+        if "cpu_counted_s" in by_rank:  # what other processes and the hypervisor took of each rank's CPUs
+            record.update(self.taken.record(by_rank["cpu_others_s"], by_rank["cpu_steal_s"], by_rank["cpu_counted_s"]))
         if self.metrics:
             self.metrics.write(record)
             done = step - self._start_step
@@ -279,7 +291,7 @@ class Reporter:
         if self.main:
             summary = {"steps": steps, "seconds": elapsed, "final_loss": self.last_loss, "last_eval": self.last_eval,
                        "samples_per_s_after_warmup": self.samples_per_s, "mfu_after_warmup": self.mfu,
-                       **self.waits.summary(),
+                       **self.waits.summary(), **self.taken.summary(),
                        "matmul": self.matmul, "resolved": self.run.resolved(),
                        "peak_rss_mb": max((v["peak_rss_mb"] for v in views), default=None),  # the highest rank's
                        "ranks": views}
@@ -295,20 +307,38 @@ class Reporter:
             waited = summary["wait_after_warmup"]
             rate += f", ranks waited {waited:.1%} of it for each other" if waited is not None else ""
             self.say(f"done: {steps} steps in {elapsed:.1f}s ({rate}); model saved to [bold]{final}[/]")
-            self._record_rate(steps)
-            slow = self.waits.straggler_line([format_cpu_list(b.get("cpus") or []) for b in self.reports])
-            if slow:
-                notices.warn(slow, env=self.env)
+            taken = self.taken.taken()
+            self._record_rate(steps, shared=bool(taken))
+            cpus = [format_cpu_list(b.get("cpus") or []) for b in self.reports]
+            window = self.taken.window or []
+            # A straggler's line says what held it back; without one, ranks whose CPUs were taken get their own.
+            line = (self.waits.straggler_line(cpus, lambda r: cpu_taken.cause(window[r] if r < len(window) else None))
+                    or cpu_taken.line(taken, cpus))
+            if line:
+                notices.warn(line, env=self.env)
         self.close()
         self.run.barrier()
         return final
 
-    def _record_rate(self, steps: int) -> None:
-        """This run's samples/s into the rank-count history, and a line when another rank count did better."""
+    def _cpu_totals(self) -> tuple[float, float, float]:
+        """This rank's CPUs since the loop started: seconds other processes ran on them, seconds stolen from them,
+        seconds counted (all 0 where they are not watched: the log step's all-reduce has the same width on every
+        rank)."""
+        now = contention.sample(self._cpus) if self._cpu_start is not None else None
+        if now is None or self._cpu_start is None:
+            return 0.0, 0.0, 0.0
+        return contention.elsewhere(self._cpu_start, now)
+
+    def _record_rate(self, steps: int, shared: bool = False) -> None:
+        """This run's samples/s into the rank-count history, and a line when another rank count did better.
+        `shared`: other processes or the hypervisor took the CPUs of some rank while it trained; the rate then goes
+        with those of runs that started beside a busy neighbour, which an idle start never reads."""
         if self._shape is None:
             return
-        entry = rank_history.store(self._shape, self.samples_per_s, steps - self._start_step, self.env)
-        line = rank_history.advice(entry, self._shape, self.samples_per_s) if entry and not self._advised else None
+        shape = self._job_shape(busy=True) if shared else self._shape
+        entry = rank_history.store(shape, self.samples_per_s, steps - self._start_step, self.env)
+        line = (rank_history.advice(entry, shape, self.samples_per_s)
+                if entry and not self._advised and not shared else None)
         if line:
             notices.warn(line, env=self.env)
 

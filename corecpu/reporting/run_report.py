@@ -19,7 +19,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from corecpu.errors import CoreCPUError, install_extra
 from corecpu.cpu.cpulist import format_cpu_list
@@ -158,11 +158,27 @@ def summarize(run: RunRecords) -> str:
     if phases := run.summary.get("phases"):
         lines.append("time: " + ", ".join(f"{name[:-2].replace('_', '-')} {value:.1f} s" for name, value in phases.items()
                                           if isinstance(value, (int, float))))
+    if (waited := run.summary.get("wait_after_warmup")) is not None:
+        lines.append(f"lockstep: the ranks waited {waited:.1%} of the training time for each other (after warm-up)")
+    if line := taken_line(run.summary.get("rank_cpu_taken_after_warmup")):
+        lines.append(line)
     if run.summary.get("peak_rss_mb") is not None:
         lines.append(f"peak RSS {run.summary['peak_rss_mb']:.0f} MB (the highest rank)")
     lines += binding_lines(run.ranks) or ["binding: no topology.json"]
     lines += [f"note: {n}" for n in run.notes]
     return "\n".join(lines)
+
+
+def taken_line(taken: Sequence[Mapping[str, float] | None] | None) -> str | None:
+    """summary.json's rank_cpu_taken_after_warmup in one line: the most any rank lost to each, and which rank."""
+    watched = [(r, t) for r, t in enumerate(taken or []) if t]
+    if not watched:
+        return None
+    parts = []
+    for key, what in (("others", "other processes"), ("steal", "the hypervisor (steal)")):
+        rank, t = max(watched, key=lambda rt: rt[1].get(key, 0.0))
+        parts.append(f"{what} up to {t.get(key, 0.0):.1%}" + (f" (rank {rank})" if len(watched) > 1 else ""))
+    return "the ranks' CPU time taken after warm-up: " + ", ".join(parts)
 
 
 # ---------------------------------------------------------------- figure

@@ -19,7 +19,7 @@ from pathlib import Path
 from helpers.common import ROOT
 
 WALL_CLOCK = ("samples_per_s", "tokens_per_s", "elapsed_s", "mfu", "eval_runtime", "peak_rss_mb", "rank_peak_rss_mb",
-              "wait", "rank_wait")
+              "wait", "rank_wait", "rank_cpu_others", "rank_cpu_steal")
 STEP_LINE = re.compile(r"^step +5/12 \| epoch 0\.42 \| loss \d\.\d{4} \| lr \S+ \| grad_norm \S+ \| .* \| "
                        r"\d+\.\d\d s/step \| elapsed \d+:\d\d \| eta \d+:\d\d$", re.M)
 

@@ -41,7 +41,8 @@ COMMON = ["--model", "tiny", "--precision", "fp32", "--progress", "off", "--log-
 # c134c55's kernels and rounding: auto may time eager faster, the fused clip divides by 1/c inside AdamW's step,
 # and a classifier's last layer at its first token rounds its sums in another order.
 CURRENT = ["--attention", "sdpa", "--dropout", "torch", "--grad-clip", "torch", "--last-layer", "full"]
-WALL_CLOCK = ("samples_per_s", "tokens_per_s", "elapsed_s", "mfu", "wait", "rank_wait")  # timings differ run to run; nothing else may
+WALL_CLOCK = ("samples_per_s", "tokens_per_s", "elapsed_s", "mfu", "wait", "rank_wait", "rank_cpu_others",
+              "rank_cpu_steal")  # timings and the host's load differ run to run; nothing else may
 
 
 @dataclass(frozen=True)

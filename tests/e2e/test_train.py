@@ -43,6 +43,13 @@ def test_launch_two_ranks_tiny(tmp_path):
         assert 0 <= summary["wait_after_warmup"] <= 1 and len(summary["rank_wait_after_warmup"]) == 2
     else:
         assert all("wait" not in r for r in train) and summary["wait_after_warmup"] is None
+    # Each rank on CPUs of its own watches them: what other processes and the hypervisor took, each record's and
+    # after warm-up (how much depends on what else this machine runs; tests/chaos/test_neighbour.py loads one).
+    if set(ranks[0]["cpus"]).isdisjoint(ranks[1]["cpus"]):
+        for r in train:
+            values = r["rank_cpu_others"] + r["rank_cpu_steal"]
+            assert len(values) == 4 and all(0 <= v <= 1 for v in values), r
+        assert [set(t) for t in summary["rank_cpu_taken_after_warmup"]] == [{"others", "steal"}] * 2
     # The final model loads with plain transformers, in a process that never imports corecpu.
     code = ("import sys, torch; from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T;"
             "m = M.from_pretrained(sys.argv[1]); t = T.from_pretrained(sys.argv[1]);"

@@ -37,6 +37,7 @@ def test_parts_skip_rank_counts_that_do_not_fit_and_quick_is_short() -> None:
     assert [p.name for p in plan] == ["minilm-n2", "bert-n2", "bert-n1", "overhead-n2", "minilm-n1", "ops-bert",
                                       "lockstep-n2", "compile-bert"]
     assert all(p.estimate_s == 20 for p in plan)
+    assert plan[0].node_estimate_s == 370 and plan[-1].node_estimate_s == 240  # what their caps are taken from
     assert all(p.args[p.args.index("--max-steps") + 1] == "12" for p in plan if p.tool == "throughput")
     # One rank with every core: the profile adds one thread for the scaling it reports.
     ops = plan[-3]
@@ -173,5 +174,9 @@ def test_a_part_far_slower_than_its_estimate_is_stopped_and_the_next_runs(tmp_pa
         assert time.monotonic() - started < 20
         assert slow["status"] == "failed (stopped at 1 s, its cap)"
         assert suite.run("next", [sys.executable, "-c", "pass"], estimate=0.1)["status"] == "ok"
+        # A --quick part is estimated short to fit the budget, and capped by the node's estimate.
+        started = time.monotonic()
+        quick = suite.run("quick", [sys.executable, "-c", "import time; time.sleep(3)"], estimate=0.1, cap_basis=2.0)
+        assert quick["status"] == "ok" and time.monotonic() - started >= 3
     finally:
         suite.log.close()

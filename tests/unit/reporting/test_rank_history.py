@@ -94,6 +94,29 @@ def test_a_run_records_its_rate_and_says_when_fewer_ranks_did_better(one_process
     assert [r["samples_per_s"] for r in stored["1"]] == [100.0] and stored["2"][0]["samples_per_s"] == 150.0
 
 
+def test_a_run_whose_cpus_others_took_is_kept_with_the_busy_starts(one_process, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CORECPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CORECPU_CPUS_BUSY", raising=False)  # an idle start
+    report = Reporter(one_process, tmp_path / "out", dict(CONFIG, batch_size=32), total_steps=30, progress="off")
+    report.start(0)
+    idle, busy = report._shape, report._job_shape(busy=True)
+    assert idle is not None and busy.key != idle.key
+    cache = {"CORECPU_CACHE_DIR": str(tmp_path / "cache")}
+    rank_history.store(rank_history.JobShape(idle.key, 32, 1, 2), 150.0, 40, cache)  # would advise 2 ranks
+    # Three log records' running totals (others, steal, counted): after warm-up, others took half of the CPUs.
+    for k in range(1, 4):
+        report.taken.record([5.0 * k], [0.0], [10.0 * k])
+    report._timed_from, report._timed_to, report._timed_samples = 0.0, 1.0, 100.0  # 100 samples/s
+    report.finish(torch_linear(), None, 30)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "this run shared its CPUs while it trained: rank 0" in err and "other processes 50%" in err
+    assert "trained it at" not in err  # no advice from a rate taken beside a neighbour
+    entries = json.loads((tmp_path / "cache" / rank_history.CACHE_FILE).read_text())["entries"]
+    assert [r["samples_per_s"] for r in entries[busy.key]["1"]] == [100.0] and "1" not in entries[idle.key]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["rank_cpu_taken_after_warmup"] == [{"others": 0.5, "steal": 0.0}]
+
+
 def torch_linear():
     import torch
 

@@ -52,3 +52,17 @@ def test_a_straggler_needs_a_long_enough_window() -> None:
             assert log.straggler_line(["0", "1"]) is None, k
     line = log.straggler_line(["0", "1"])
     assert line is not None and line.startswith("rank 1 (CPUs 1) was the slow one")
+
+
+def test_the_line_says_what_held_the_straggler_back_when_that_was_measured() -> None:
+    line = straggler_line([0.42, 0.01], ["0", "1"], "other processes used 49% of its CPUs' time. Free them")
+    assert line is not None
+    assert "waiting for it; other processes used 49% of its CPUs' time. Free them, or run fewer ranks" in line
+    assert "something else runs" not in line
+    log = WaitLog(started=0.0)
+    for k in range(1, rank_wait.STRAGGLER_INTERVALS + 2):
+        log.record(10.0 * k, [4.0 * k, 0.1 * k])
+    asked: list[int] = []
+    line = log.straggler_line(["0", "1"], lambda r: asked.append(r) or "the cause. Do this")
+    assert asked == [1] and line is not None and "; the cause. Do this, or run fewer ranks" in line
+    assert log.straggler() == 1

@@ -146,6 +146,20 @@ def test_summary_says_what_ran_and_where_the_time_went(tmp_path):
     assert "precision bf16" in text and "900 tokens/s (median)" in text
     assert "time: start-up 9.5 s, steps 30.2 s, eval 4.0 s, checkpoint 1.0 s, final-save 0.5 s" in text
     assert "peak RSS 812 MB" in text
+    assert "lockstep" not in text and "CPU time taken" not in text  # a summary without them (one rank, or older)
+
+
+def test_summary_says_what_lockstep_cost_and_what_else_took_the_cpus(tmp_path):
+    path = make_run(tmp_path / "a")
+    summary = json.loads((path / "summary.json").read_text())
+    (path / "summary.json").write_text(json.dumps({**summary, "wait_after_warmup": 0.061, "rank_cpu_taken_after_warmup": [
+        {"others": 0.012, "steal": 0.004}, {"others": 0.4812, "steal": 0.001}]}))
+    text = summarize(load_run(path))
+    assert "lockstep: the ranks waited 6.1% of the training time for each other (after warm-up)" in text
+    assert ("the ranks' CPU time taken after warm-up: other processes up to 48.1% (rank 1), the hypervisor (steal) "
+            "up to 0.4% (rank 0)") in text
+    (path / "summary.json").write_text(json.dumps({**summary, "rank_cpu_taken_after_warmup": [None, None]}))
+    assert "CPU time taken" not in summarize(load_run(path))
 
 
 def test_cli_compares_several_runs_on_samples(tmp_path, capsys):
