@@ -13,7 +13,9 @@ barrier before each step, so step k of both ranks runs at the same time. From th
   autocorr  the lag-k autocorrelation of log(t0 / t1): near 0, the faster rank of one step says nothing of the next;
   ema[a]    what the wait would cost if each step split the work by an exponential average (weight a) of the past
             ratios (work proportional to the share, which favours the split);
-  oracle    a split that knew each step's ratio in advance.
+  oracle    a split that knew each step's ratio in advance;
+  steal     the share of the two CPUs' time the hypervisor gave to other guests meanwhile (/proc/stat): whether
+            the jitter is the vCPUs being taken away or their speed while they run.
 
 Only the standard library, torch and transformers; the ranks are forked processes.
 """
@@ -95,6 +97,7 @@ def main() -> None:
     import multiprocessing as mp
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from corecpu.cpu import contention
     from corecpu.training.modeling import default_model_dir  # the MiniLM that --model default trains
 
     cpus = [int(c) for c in args.cpus.split(",")]
@@ -103,19 +106,25 @@ def main() -> None:
     out = manager.dict()
     procs = [ctx.Process(target=_rank, args=(r, cpus[r], barrier, out, args.steps, str(default_model_dir())))
              for r in range(2)]
+    before = contention.sample(cpus)
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join()
+    after = contention.sample(cpus)
+    # The hypervisor's steal over the run: is the jitter the vCPUs being taken away, or their speed?
+    stolen = contention.taken(before, after) if before and after else None
     if any(proc.exitcode for proc in procs):
         sys.exit("lockstep_jitter: a rank failed; see its output above")
     result = {"cpu": _cpu_model(), "cpus": cpus, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              **analyse(out[0][WARMUP:], out[1][WARMUP:]), "times_s": [out[0], out[1]]}
+              **analyse(out[0][WARMUP:], out[1][WARMUP:]), "steal": stolen.steal if stolen else None,
+              "times_s": [out[0], out[1]]}
     print(f"{result['steps']} steps, mean {result['mean_ms'][0]:.1f} / {result['mean_ms'][1]:.1f} ms: lockstep "
           f"{result['lockstep']:+.1%}; log ratio sd {result['log_ratio_sd']:.3f}, autocorrelation "
           + ", ".join(f"lag {k} {v:.2f}" for k, v in result["autocorr"].items()) + "; split by an average of past "
           "ratios " + ", ".join(f"{a}: {v:+.1%}" for a, v in result["ema"].items())
-          + f"; knowing each step's ratio {result['oracle']:+.1%}")
+          + f"; knowing each step's ratio {result['oracle']:+.1%}"
+          + (f"; the hypervisor's steal {stolen.steal:.2%} of the two CPUs' time" if stolen else ""))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
