@@ -9,7 +9,8 @@ host that hands the vCPUs to other guests, shows only as a slow run, and a slow 
           irq, softirq, less this process's own CPU time): another job, a build, a runaway process;
   steal   the share the hypervisor gave to other guests while these vCPUs had work (/proc/stat's steal).
 
-Processes at a positive niceness are left out, as at start-up: they give way to a rank at once. On a 2-vCPU EPYC
+Processes at a positive niceness are left out, as at start-up: they give way to a rank at once (unless the rank
+itself was started with `nice`: then they are its equals, and count). On a 2-vCPU EPYC
 (Zen 3, KVM) steal was 0.1% over a 170-s run whose two ranks' step times still differed by 14% from step to
 step (benchmarks/lockstep_jitter.py): that host's jitter is the vCPUs' speed, not time taken from them.
 
@@ -50,8 +51,11 @@ class Taken:
         return {"others": round(self.others, 4), "steal": round(self.steal, 4)}
 
 
-def parse(text: str, cpus: Iterable[int], ticks_per_s: float) -> tuple[float, float, float] | None:
-    """(busy, steal, total) seconds over `cpus` from /proc/stat's text; None when a CPU's line is missing."""
+def parse(text: str, cpus: Iterable[int], ticks_per_s: float, niced: bool = False
+          ) -> tuple[float, float, float] | None:
+    """(busy, steal, total) seconds over `cpus` from /proc/stat's text; None when a CPU's line is missing.
+    `niced`: this process runs at a positive niceness, so its own time is in the `nice` column, and other
+    processes there compete with it on equal terms: busy includes that column."""
     wanted, got = set(cpus), {}
     for line in text.splitlines():
         if not line.startswith("cpu"):
@@ -59,7 +63,8 @@ def parse(text: str, cpus: Iterable[int], ticks_per_s: float) -> tuple[float, fl
         name, *fields = line.split()
         if name[3:].isdigit() and int(name[3:]) in wanted and len(fields) >= 8:
             ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
-            got[int(name[3:])] = (ticks[0] + ticks[2] + ticks[5] + ticks[6] + ticks[7], ticks[7], sum(ticks))
+            busy = ticks[0] + ticks[2] + ticks[5] + ticks[6] + ticks[7] + (ticks[1] if niced else 0)
+            got[int(name[3:])] = (busy, ticks[7], sum(ticks))
     if not wanted or set(got) != wanted:
         return None
     busy, steal, total = (sum(v[i] for v in got.values()) / ticks_per_s for i in range(3))
@@ -87,14 +92,16 @@ def taken(before: CpuTimes, after: CpuTimes) -> Taken | None:
 
 
 def sample(cpus: Sequence[int], proc_stat: str | Path = "/proc/stat",
-           own: Callable[[], float] = time.process_time) -> CpuTimes | None:
+           own: Callable[[], float] = time.process_time, niceness: Callable[[], int] = lambda: os.nice(0)
+           ) -> CpuTimes | None:
     """`cpus`' counters now; None where /proc/stat cannot be read (not Linux) or lacks one of them."""
     try:
         text = Path(proc_stat).read_text()
         ticks_per_s = float(os.sysconf("SC_CLK_TCK"))
+        niced = niceness() > 0
     except (OSError, ValueError, AttributeError):
         return None
-    read = parse(text, cpus, ticks_per_s)
+    read = parse(text, cpus, ticks_per_s, niced)
     if read is None:
         return None
     return CpuTimes(*read, own=own())

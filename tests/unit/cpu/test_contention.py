@@ -29,6 +29,9 @@ def test_busy_is_user_system_irq_softirq_and_steal_not_nice_idle_or_iowait() -> 
     both = parse(STAT, [0, 1], ticks_per_s=100)
     assert both is not None and both[1] == pytest.approx(0.40)
     assert parse(STAT, [2], ticks_per_s=100) is None  # a CPU /proc/stat does not list: nothing to watch
+    # A rank started with `nice` has its own time in the nice column: counted, or it would hide a neighbour's.
+    niced = parse(STAT, [1], ticks_per_s=100, niced=True)
+    assert niced is not None and niced[0] == pytest.approx(busy + 0.50)
     assert parse(STAT, [], ticks_per_s=100) is None
 
 
@@ -49,6 +52,8 @@ def test_sample_reads_the_file_and_the_process_clock(tmp_path: Path) -> None:
     got = sample([0], proc_stat=stat, own=lambda: 7.5)
     assert got == CpuTimes(busy=(400 + 100 + 5 + 5 + 10) / ticks, steal=10 / ticks,
                            total=(400 + 40 + 100 + 3000 + 10 + 5 + 5 + 10) / ticks, own=7.5)
+    niced = sample([0], proc_stat=stat, own=lambda: 7.5, niceness=lambda: 10)
+    assert niced is not None and niced.busy == pytest.approx((400 + 40 + 100 + 5 + 5 + 10) / ticks)
     assert sample([0], proc_stat=tmp_path / "missing") is None
     assert sample([5], proc_stat=stat) is None
 
