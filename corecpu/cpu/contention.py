@@ -51,24 +51,37 @@ class Taken:
         return {"others": round(self.others, 4), "steal": round(self.steal, 4)}
 
 
+def cpu_ticks(text: str) -> dict[int, tuple[int, ...]]:
+    """{cpu: its counters} from /proc/stat's cpuN lines: user, nice, system, idle, iowait, irq, softirq, steal, in
+    ticks (0 where an older kernel lists fewer). The one reader of that format (corecpu.cpu.sharing uses it too)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            break  # the CPU lines come first; the rest (intr: one count per interrupt) is long on big machines
+        name, *fields = line.split()
+        if name[3:].isdigit() and len(fields) >= 5:
+            ticks = [int(f) for f in fields[:8]]
+            out[int(name[3:])] = tuple(ticks + [0] * (8 - len(ticks)))
+    return out
+
+
+def busy_ticks(ticks: Sequence[int], niced: bool = False) -> int:
+    """A CPU's ticks spent running something, or stolen: all but idle and iowait, and but `nice` (processes at a
+    positive niceness give way to a rank at once) unless `niced`."""
+    return sum(ticks) - ticks[3] - ticks[4] - (0 if niced else ticks[1])
+
+
 def parse(text: str, cpus: Iterable[int], ticks_per_s: float, niced: bool = False
           ) -> tuple[float, float, float] | None:
     """(busy, steal, total) seconds over `cpus` from /proc/stat's text; None when a CPU's line is missing.
     `niced`: this process runs at a positive niceness, so its own time is in the `nice` column, and other
     processes there compete with it on equal terms: busy includes that column."""
-    wanted, got = set(cpus), {}
-    for line in text.splitlines():
-        if not line.startswith("cpu"):
-            break  # the CPU lines come first; the rest (intr: one count per interrupt) is long on big machines
-        name, *fields = line.split()
-        if name[3:].isdigit() and int(name[3:]) in wanted and len(fields) >= 8:
-            ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
-            busy = ticks[0] + ticks[2] + ticks[5] + ticks[6] + ticks[7] + (ticks[1] if niced else 0)
-            got[int(name[3:])] = (busy, ticks[7], sum(ticks))
-    if not wanted or set(got) != wanted:
+    wanted, every = set(cpus), cpu_ticks(text)
+    if not wanted or not wanted <= every.keys():
         return None
-    busy, steal, total = (sum(v[i] for v in got.values()) / ticks_per_s for i in range(3))
-    return busy, steal, total
+    got = [every[c] for c in wanted]
+    busy, steal, total = (sum(busy_ticks(t, niced) for t in got), sum(t[7] for t in got), sum(sum(t) for t in got))
+    return busy / ticks_per_s, steal / ticks_per_s, total / ticks_per_s
 
 
 def elsewhere(before: CpuTimes, after: CpuTimes) -> tuple[float, float, float]:
@@ -118,4 +131,4 @@ def watched_cpus(rank: int, ranks: Sequence[Mapping[str, Any]]) -> list[int]:
     return sorted(cpus)
 
 
-__all__ = ["TAKEN", "CpuTimes", "Taken", "elsewhere", "parse", "sample", "shares", "taken", "watched_cpus"]
+__all__ = ["TAKEN", "CpuTimes", "Taken", "busy_ticks", "cpu_ticks", "elsewhere", "parse", "sample", "shares", "taken", "watched_cpus"]

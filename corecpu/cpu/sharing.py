@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from corecpu.cpu.cgroups import REAL_CGROUP, _cgroup_dirs, read_file
+from corecpu.cpu.contention import busy_ticks, cpu_ticks
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.errors import CoreCPUError
 
@@ -101,14 +102,7 @@ def parse_proc_stat(text: str) -> dict[int, tuple[int, int]]:
     neither is `nice`: time of processes at a positive niceness, which give way to a rank at once (a nice 19
     loop gets about 1.5% of a CPU beside a nice 0 one under CFS), so they are no contention. Counting them
     made a `nice 19` neighbour look like a busy node (issue 29)."""
-    out: dict[int, tuple[int, int]] = {}
-    for line in text.splitlines():
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and len(fields) >= 5:
-            ticks = [int(f) for f in fields[:8]]
-            yielding = ticks[1] + ticks[3] + ticks[4]  # nice, idle, iowait
-            out[int(name[3:])] = (sum(ticks) - yielding, sum(ticks))
-    return out
+    return {cpu: (busy_ticks(ticks), sum(ticks)) for cpu, ticks in cpu_ticks(text).items()}
 
 
 # ---------------------------------------------------------------- readers (I/O)

@@ -324,8 +324,7 @@ class Reporter:
         """This rank's CPUs since the loop started: seconds other processes ran on them, seconds stolen from them,
         seconds counted (all 0 where they are not watched: the log step's all-reduce has the same width on every
         rank)."""
-        now = contention.sample(self._cpus) if self._cpu_start is not None else None
-        if now is None or self._cpu_start is None:
+        if self._cpu_start is None or (now := contention.sample(self._cpus)) is None:
             return 0.0, 0.0, 0.0
         return contention.elsewhere(self._cpu_start, now)
 
