@@ -111,3 +111,17 @@ def test_the_agent_raises_on_the_first_stop_signal_only(monkeypatch):
     with pytest.raises(api.SignalException):
         api._terminate_process_handler(signal.SIGTERM, None)
     api._terminate_process_handler(signal.SIGTERM, None)  # scancel's copy after corecpu launch's: no second raise
+
+
+def test_a_job_that_ends_well_leaves_no_log_directory_one_that_fails_keeps_it(tmp_path):
+    # torchrun alone leaves a /tmp/torchelastic_*/ behind every launch; TMPDIR points both it and corecpu's here.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    for code, kept in ((0, False), (3, True)):
+        out = subprocess.run([sys.executable, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d",
+                              "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--nproc-per-node", "1",
+                              "--no-python", "sh", "-c", f"exit {code}"], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"})
+        assert out.returncode == (1 if code else 0), out.stderr
+        left = [p.name for p in tmp.iterdir()]
+        assert (left != []) == kept and all(name.startswith("corecpu-torchrun-") for name in left), left
