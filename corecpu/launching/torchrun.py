@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Sequence
 
 from corecpu.cluster.listeners import listen_on
@@ -157,14 +158,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     sys.argv[0] = "torchrun"  # its usage and error lines name torchrun
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    # Without --log-dir torchrun makes /tmp/torchelastic_*/ (its workers' error files) and never removes it, one
-    # per launch. Given one of our own, a job that ends well leaves nothing; a failed one keeps it (the summary
-    # names the error files in it).
+    # Without --log-dir torchrun makes /tmp/torchelastic_*/ (a tree of per-rank directories for its workers'
+    # error files) and never removes it, one per launch. Given one of our own, it is removed when the job ends,
+    # unless a worker wrote an error file there (torchrun's summary names it).
     own_log_dir = None if args.log_dir else tempfile.mkdtemp(prefix="corecpu-torchrun-")
     args.log_dir = args.log_dir or own_log_dir
     try:
         run(args)
-        _remove(own_log_dir)
     except ChildFailedError as exc:
         # torchrun's own main (@record) lets this escape as a traceback of its internals around the summary:
         # one line naming the rank, then the summary, and torchrun's exit code (1).
@@ -175,15 +175,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SignalException as exc:
         # The agent passed the signal to every worker and waited for them (scancel signals every process, the
         # agent included); torchrun's own main prints this as a traceback and exits 1. The ranks said the rest.
-        code = stopped_code(_closed_codes, int(exc.sigval))
-        if code == EXIT_STOPPED:
-            _remove(own_log_dir)
-        raise SystemExit(code) from None
-
-
-def _remove(log_dir: str | None) -> None:
-    if log_dir:
-        shutil.rmtree(log_dir, ignore_errors=True)
+        raise SystemExit(stopped_code(_closed_codes, int(exc.sigval))) from None
+    finally:
+        if own_log_dir and not any(p.is_file() for p in Path(own_log_dir).rglob("*")):
+            shutil.rmtree(own_log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

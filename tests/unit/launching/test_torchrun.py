@@ -113,15 +113,17 @@ def test_the_agent_raises_on_the_first_stop_signal_only(monkeypatch):
     api._terminate_process_handler(signal.SIGTERM, None)  # scancel's copy after corecpu launch's: no second raise
 
 
-def test_a_job_that_ends_well_leaves_no_log_directory_one_that_fails_keeps_it(tmp_path):
+def test_torchruns_log_directory_goes_when_the_job_ends_unless_a_worker_wrote_an_error_file_there(tmp_path):
     # torchrun alone leaves a /tmp/torchelastic_*/ behind every launch; TMPDIR points both it and corecpu's here.
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    for code, kept in ((0, False), (3, True)):
+    error_file = 'echo \'{"message": "boom", "timestamp": 1}\' > "$TORCHELASTIC_ERROR_FILE"; exit 3'
+    for body, code, kept in (("exit 0", 0, False), ("exit 3", 1, False), (error_file, 1, True)):
         out = subprocess.run([sys.executable, "-m", TORCHRUN_MODULE, "--nnodes", "1", "--rdzv-backend", "c10d",
                               "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", "--nproc-per-node", "1",
-                              "--no-python", "sh", "-c", f"exit {code}"], capture_output=True, text=True,
+                              "--no-python", "sh", "-c", body], capture_output=True, text=True,
                              timeout=120, cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1"})
-        assert out.returncode == (1 if code else 0), out.stderr
+        assert out.returncode == code, out.stderr
         left = [p.name for p in tmp.iterdir()]
         assert (left != []) == kept and all(name.startswith("corecpu-torchrun-") for name in left), left
+    assert "boom" in out.stderr and [p.name for p in tmp.rglob("*") if p.is_file()] == ["error.json"], out.stderr
