@@ -46,15 +46,15 @@ CAUSE_WAIT_S = 0.5  # after a first bad end, the others' records this long: the 
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def make_job_dir(root: str | None = None) -> Path:
-    """A fresh directory named after this launcher's PID. Those of launchers that are gone (killed outright, so
-    they could not remove theirs) are removed first."""
+def make_job_dir(root: str | None = None, kind: str = "job") -> Path:
+    """A fresh directory, corecpu-KIND-PID-*, named after this process's PID. Those of its kind whose process is
+    gone (killed outright, so it could not remove its own) are removed first."""
     root = root or tempfile.gettempdir()
-    for old in Path(root).glob("corecpu-job-*-*"):
+    for old in Path(root).glob(f"corecpu-{kind}-*-*"):
         pid = old.name.split("-")[2]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"corecpu-job-{os.getpid()}-", dir=root))
+    return Path(tempfile.mkdtemp(prefix=f"corecpu-{kind}-{os.getpid()}-", dir=root))
 
 
 def become_subreaper() -> bool:

@@ -26,11 +26,11 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from corecpu.cluster.listeners import listen_on
+from corecpu.launching.job_watch import make_job_dir
 
 EXIT_STOPPED = 75  # a rank stopped on request and saved (corecpu.reliability.preempt.EXIT_STOPPED; torch-free here)
 # TCPStore(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant, master_listen_fd, use_libuv)
@@ -160,8 +160,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     # Without --log-dir torchrun makes /tmp/torchelastic_*/ (a tree of per-rank directories for its workers'
     # error files) and never removes it, one per launch. Given one of our own, it is removed when the job ends,
-    # unless a worker wrote an error file there (torchrun's summary names it).
-    own_log_dir = None if args.log_dir else tempfile.mkdtemp(prefix="corecpu-torchrun-")
+    # unless a worker wrote an error file there (torchrun's summary names it), and by the next launch when this
+    # agent was killed outright.
+    own_log_dir = None if args.log_dir else str(make_job_dir(kind="torchrun"))
     args.log_dir = args.log_dir or own_log_dir
     try:
         run(args)

@@ -141,3 +141,12 @@ def test_a_killed_launcher_s_job_dir_goes_with_the_next_launch(tmp_path):
     (stale / "rank-0.pid").write_text("1 h")
     fresh = job_watch.make_job_dir(str(tmp_path))
     assert fresh.name.startswith(f"corecpu-job-{os.getpid()}-") and not stale.exists() and live.exists()
+
+
+def test_a_killed_torchrun_agent_s_log_dir_goes_with_the_next_one_and_only_its_kind(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"corecpu-torchrun-{gone.stdout.strip()}-abc"
+    other_kind = tmp_path / f"corecpu-job-{gone.stdout.strip()}-abc"  # a launcher's: its own next launch sweeps it
+    stale.mkdir(), other_kind.mkdir()
+    fresh = job_watch.make_job_dir(str(tmp_path), kind="torchrun")
+    assert fresh.name.startswith(f"corecpu-torchrun-{os.getpid()}-") and not stale.exists() and other_kind.exists()
