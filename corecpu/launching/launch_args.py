@@ -206,6 +206,10 @@ def parse_args(argv: Sequence[str], default_script: str | None = None) -> Launch
         if rest:
             raise CoreCPUError(f"unknown option {rest[0]!r} before {script_words[0]}; the script's arguments go after it")
     elif default_script is not None:
+        if ns.nranks is None and ns.ppn is None and rest and (rest[0] == "auto" or rest[0].isdigit()):
+            # `./launch.sh --launcher torchrun 2`: a bare word after the launcher's options would go to train.py
+            raise CoreCPUError(f"the number of ranks goes first, before the launcher's options: ./launch.sh {rest[0]} "
+                               f"[options] [train.py's flags] (got {rest[0]!r} after an option)")
         req.script, req.script_args = default_script, rest
     else:
         raise CoreCPUError("no training script; put SCRIPT.py after the options, e.g. corecpu launch -n 2 train.py")

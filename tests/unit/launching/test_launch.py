@@ -50,6 +50,14 @@ def test_launch_argument_errors(tmp_path, monkeypatch, argv, fragment):
         parse_args(argv)
 
 
+@pytest.mark.parametrize("argv", [["--launcher", "torchrun", "2", "--max-steps", "5"], ["--log-dir", "logs", "auto"]])
+def test_launch_sh_says_the_number_of_ranks_goes_first(argv):
+    # Without the check the bare N went to train.py and the error asked "how many ranks?" of a user who gave them.
+    with pytest.raises(CoreCPUError, match=f"the number of ranks goes first.*got '{argv[2]}' after an option"):
+        parse_args(argv, default_script="train.py")
+    assert parse_args([argv[2], *argv[:2]], default_script="train.py").script_args == []
+
+
 def test_launch_oversubscription_and_hostfile(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("node-a:4\n# comment\nnode-b\n")
