@@ -75,7 +75,6 @@ def worker(args: argparse.Namespace) -> None:
     from transformers import get_linear_schedule_with_warmup
 
     from corecpu.data.sampling import set_epoch
-    from corecpu.reliability import preempt
     from corecpu.data.sources import load_data
     from corecpu.data.tokenized import META_KEYS, TokenizedDataset, make_collate
     from corecpu.training.modeling import load_model, load_tokenizer, optimizer_groups
@@ -134,7 +133,7 @@ def worker(args: argparse.Namespace) -> None:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 t5 = time.perf_counter()
-                preempt.stop_requested_everywhere()  # the collective run.steps() makes between two steps
+                run.should_stop()  # the collective run.steps() makes between two steps
                 record.update(clip=t4 - t3, optimizer=t5 - t4, stop_check=time.perf_counter() - t5)
             if micro >= args.warmup:
                 for k, v in record.items():

@@ -196,18 +196,19 @@ class SharedAdamW:
                  ("summed", offset, torch.float32),
                  *((f"grad{k}", offset, torch.float32) for k in range(world)),
                  ("sync", world, torch.int64), ("values", world, torch.float64), ("pids", world, torch.int64),
+                 ("flags", 2 * world, torch.int64),
                  *((f"rows{k}", slots, torch.int64) for k in range(world if slots else 0))]
         tag = share_tag(secrets.token_hex(8))
         buffers = _map(shm_dir, f"corecpu-{tag}", names, rank, barrier)
         self.weights, self.exp_avg, self.exp_avg_sq, self.mean_grad = buffers[:4]  # mean_grad: the ranks' mean
         self.grads = buffers[4:4 + world]
-        counters, values, pids = buffers[4 + world:7 + world]
-        self._published = buffers[7 + world:]
+        counters, values, pids, flags = buffers[4 + world:8 + world]
+        self._published = buffers[8 + world:]
         # The waits inside a step go through shared memory where stores are seen in order (shm_sync), else through
         # the process group, as the waits while setting up do.
         self._sync: ShmSync | None = None
         if shm_sync.usable():
-            sync = self._sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s)
+            sync = self._sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s, flags=flags)
             self._step_barrier, self._step_sum = sync.barrier, sync.sum
         else:
             self._step_barrier, self._step_sum = barrier, sum_scalar
@@ -239,6 +240,12 @@ class SharedAdamW:
         """Seconds this rank has waited inside steps for slower ranks so far; None where the waits go through the
         process group (their time there is not told apart from the transfer's)."""
         return self._sync.waited_s if self._sync is not None else None
+
+    @property
+    def agree_max(self) -> Callable[[int], int] | None:
+        """The ranks' largest of an int, agreed through shared memory (the loop's stop check between steps); None
+        where the waits go through the process group."""
+        return self._sync.agree_max if self._sync is not None else None
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         out, offset = [], 0

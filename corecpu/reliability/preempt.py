@@ -195,14 +195,17 @@ def stop_requested() -> int:
     return _state.signum
 
 
-def stop_requested_everywhere() -> int:
+def stop_requested_everywhere(agree: Callable[[int], int] | None = None) -> int:
     """Collective, at an optimizer-step boundary: the stop signal seen by any rank, or 0; the same on every rank.
 
-    One all-reduce of one int64 (MAX) over the default process group; 0-cost without one.
+    `agree(x)`: the ranks' largest x by other means (the shared optimizer step's shared memory); else one
+    all-reduce of one int64 (MAX) over the default process group; 0-cost without one.
     """
     import torch
     import torch.distributed as dist
 
+    if agree is not None:
+        return agree(_state.signum)
     if not (dist.is_available() and dist.is_initialized()):
         return _state.signum
     flag = torch.tensor([_state.signum], dtype=torch.int64)

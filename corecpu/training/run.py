@@ -405,7 +405,8 @@ class Run:
     def should_stop(self) -> int:
         """Collective, at an optimizer-step boundary: the stop signal (SIGTERM/SIGINT/SIGUSR1) any rank got,
         or 0; the same answer on every rank. run.steps() asks this between steps."""
-        return preempt.stop_requested_everywhere()
+        wrapped = self._wrapped.get()
+        return preempt.stop_requested_everywhere(wrapped.agree_max if wrapped is not None else None)
 
     def untimed(self, phase: str, kind: str = "other") -> ContextManager[None]:
         """A phase no step predicts (evaluation, a checkpoint write): the watchdog does not time it, but a

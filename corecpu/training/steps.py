@@ -180,7 +180,8 @@ class Steps:
     def _stop_if_signalled(self, step: Step, wrapped: Wrapped | None) -> None:
         """Collective, after `step`: on a stop signal every rank saves (through wrap()'s checkpointer) and exits
         75 with one line; without a checkpointer it exits 128+N, nothing saved."""
-        if not preempt.installed() or not (signum := preempt.stop_requested_everywhere()):
+        agree = wrapped.agree_max if wrapped is not None else None
+        if not preempt.installed() or not (signum := preempt.stop_requested_everywhere(agree)):
             return
         ckpt = wrapped.checkpoints if wrapped else None
         if ckpt is None:

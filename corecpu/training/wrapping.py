@@ -70,6 +70,12 @@ class Wrapped:
     def resumed(self) -> LoopState | None:
         return self.checkpoints.resumed if self.checkpoints is not None else None
 
+    @property
+    def agree_max(self) -> Callable[[int], int] | None:
+        """The ranks' largest of an int without the process group, where the step has shared memory to do it in
+        (the stop check between steps); None: ask the process group."""
+        return self.shared.agree_max if self.shared is not None else None
+
 
 class Once(Generic[T]):
     """A value set exactly once (by its one writer), read any number of times: wrap()'s result."""

@@ -10,6 +10,7 @@ from typing import Callable
 import pytest
 import torch
 
+from corecpu.distributed import shm_sync
 from corecpu.distributed.shared_adamw import SharedAdamW, decide, shm_bytes, unsupported
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GradientClipper
@@ -70,22 +71,26 @@ def reference(max_norm: float, xs: torch.Tensor) -> tuple[list[torch.Tensor], li
 def test_steps_equal_ddp_mean_gradient_with_torch_clip_and_fused_adamw(tmp_path, max_norm):
     xs = batches()
 
-    def rank_body(rank: int, group: Group, model: torch.nn.Module) -> tuple[list[torch.Tensor], list[float]]:
+    def rank_body(rank: int, group: Group, model: torch.nn.Module
+                  ) -> tuple[list[torch.Tensor], list[float], list[int]]:
         optimizer = make_optimizer(model)
         shared = shared_for(rank, group, optimizer, tmp_path)
         model.register_forward_pre_hook(shared.attach_grads)
         clip = GradientClipper(model.parameters(), optimizer, shared=shared)
-        norms = []
+        norms, stops = [], []
         for step in range(STEPS):
             model(xs[rank, step]).pow(2).mean().backward()
             norms.append(float(clip(max_norm)))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        return [p.detach().clone() for p in model.parameters()], norms
+            if shared.agree_max is not None:  # the loop's stop check between steps: rank 1 is signalled at step 1
+                stops.append(shared.agree_max(15 if rank == 1 and step >= 1 else 0))
+        return [p.detach().clone() for p in model.parameters()], norms, stops
 
     results = run_ranks(rank_body)
     want, want_norms = reference(max_norm, xs)
-    for weights, norms in results:
+    for weights, norms, stops in results:
+        assert stops == ([0] + [15] * (STEPS - 1) if shm_sync.usable() else [])
         for got, expected in zip(weights, want):
             torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-7)
         assert norms == pytest.approx(want_norms, rel=1e-5)

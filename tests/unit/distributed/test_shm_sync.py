@@ -69,3 +69,34 @@ def test_each_rank_counts_the_time_it_stood_waiting_for_the_others():
     run_ranks(2, Group(2), rank)
     assert 0.25 <= syncs[0].waited_s < 1.0
     assert syncs[1].waited_s < 0.05
+
+
+def test_every_rank_agrees_on_the_largest_flag_even_when_one_reads_late():
+    # Rank 1 reads each agreement's slots 5 ms after leaving its barrier, while rank 0 has gone on to write the next
+    # one's: with one set of slots rank 1 would read rank 0's next value (a stop seen a step early on one rank).
+    world, rounds = 2, 20
+    counters, values, pids = buffers(world)
+    flags = torch.zeros(2 * world, dtype=torch.int64)
+    seen: list[list[int]] = [[] for _ in range(world)]
+
+    def rank(r: int) -> None:
+        sync = ShmSync(counters, values, pids, rank=r, timeout_s=30, flags=flags)
+        if r == 1:
+            barrier = sync.barrier
+
+            def late() -> None:
+                barrier()
+                time.sleep(0.005)
+
+            sync.barrier = late  # type: ignore[method-assign]
+        for k in range(rounds):
+            seen[r].append(sync.agree_max(k + 1 if r == 0 else 0))
+
+    run_ranks(world, Group(world), rank)
+    assert seen[0] == seen[1] == list(range(1, rounds + 1))
+
+
+def test_agreeing_without_the_flags_buffer_is_an_error():
+    counters, values, pids = buffers(1)
+    with pytest.raises(CoreCPUError, match="needs the flags buffer"):
+        ShmSync(counters, values, pids, rank=0, timeout_s=1).agree_max(0)

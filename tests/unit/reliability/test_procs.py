@@ -44,6 +44,18 @@ def test_stop_agreement_without_a_process_group_is_the_local_flag():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_stop_agreement_by_other_means_is_asked_with_this_ranks_flag():
+    # The shared optimizer step agrees through shared memory (ShmSync.agree_max) instead of the process group.
+    asked: list[int] = []
+    preempt.install()
+    try:
+        preempt._state.signum = signal.SIGUSR1
+        assert preempt.stop_requested_everywhere(lambda x: asked.append(x) or signal.SIGTERM) == signal.SIGTERM
+    finally:
+        preempt.uninstall()
+    assert asked == [signal.SIGUSR1]
+
+
 def test_a_run_stopped_by_a_signal_keeps_catching_them_through_its_teardown():
     # A second Ctrl-C during the close of a stopped run met Python's default handler: KeyboardInterrupt inside
     # gc.collect(), with a traceback (a CI run of the chaos test). The teardown ignores them; then they are restored.
