@@ -4,7 +4,8 @@ Clusters announce the end of a job with a signal: Slurm's scancel and Kubernetes
 pod eviction send SIGTERM, `sbatch --signal=USR1@60` sends SIGUSR1 a minute
 early, a person presses Ctrl-C or closes the terminal (SIGHUP). The first such signal only raises a flag; the
 training loop asks `stop_requested_everywhere()` at each optimizer-step boundary,
-which agrees on the flag across ranks with one tiny all-reduce, so every rank
+which agrees on the flag across ranks with one tiny all-reduce (or through the
+shared optimizer step's memory, ShmSync.agree_max), so every rank
 stops after the same step, writes one checkpoint, and exits with EXIT_STOPPED.
 A second signal exits at once, without saving.
 

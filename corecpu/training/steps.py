@@ -7,8 +7,8 @@
         checkpoints.save(step)                                # saves when due: every N, the last step
 
 Between two steps it tells the watchdog a step was made and asks every rank whether a stop
-signal arrived (one tiny all-reduce); if one did, it saves through wrap()'s checkpointer
-and exits 75 with one line. The position is held here, so a resumed run needs no skip
+signal arrived (one tiny all-reduce, or through the shared optimizer step's memory); if one
+did, it saves through wrap()'s checkpointer and exits 75 with one line. The position is held here, so a resumed run needs no skip
 arithmetic: the loader's sampler slices off the batches already seen.
 
 run.steps() hands a `Steps` what it works with: the loop clock (the step number, the watchdog),
