@@ -37,7 +37,7 @@ class TakenLog:
     def record(self, others: Sequence[float], steal: Sequence[float], counted: Sequence[float]
                ) -> dict[str, list[float | None]]:
         """The record's "rank_cpu_others" and "rank_cpu_steal": each rank's shares since the last record (null
-        where its CPUs are not watched). Nothing when no rank's are."""
+        where its CPUs are not watched, or over less than one /proc/stat tick). Nothing when no rank's are."""
         now = list(zip(others, steal, counted))
         interval = _shares(now, self._last or [(0.0, 0.0, 0.0)] * len(now))
         self._last = now
