@@ -1,32 +1,33 @@
 """`--shard-optimizer auto|shm|off`: on one host, no gradient all-reduce and no AdamW step repeated on every rank.
 
-Ranks on one host can read each other's memory. So autograd accumulates each rank's gradients straight into a
-buffer of that rank's in /dev/shm (as DDP's gradient_as_bucket_view does into its buckets; the kept word-embedding
-gradient copies only the rows its lookups wrote). After backward every rank sums its part of the elements over all
-N buffers, zeroing what it read while it is in cache; a parameter whose nonzero rows are known (the word
-embedding's: each rank publishes its rows) is summed over those rows alone. Then every rank runs torch's fused
-AdamW kernel on 1/N of the elements, on weights and moments that live once, in /dev/shm, and that every rank's
-model computes with. The two phases are balanced apart (the clip's all-reduce lies between them), so the mean
-gradient passes from one to the other through a shared buffer. DDP all-reduces every gradient byte and every rank
-runs the whole optimizer step; here nothing is all-reduced, each rank runs 1/N of the step, and the optimizer's
-memory is held once per host. Measured with `benchmarks/phases.py` on a 2-vCPU EPYC (MiniLM, bf16, 2 ranks x 16,
-interleaved runs): a step of short single sentences 87.5-98.9 ms against DDP's 108-115, of sentence pairs
-189-194 ms against 207-217, before the rows and the two partitions (which took the summing pass and AdamW from
-8.4 + 11.7 ms a rank to about 5 + 9.7 on the short sentences, and the zeroing pass's 2.9 ms away).
+Ranks on one host can read each other's memory. So autograd accumulates each rank's gradients straight into a buffer
+of that rank's in /dev/shm (as DDP's gradient_as_bucket_view does into its buckets; the kept word-embedding gradient
+copies only the rows its lookups wrote). After backward every rank sums its part of the elements over all N buffers,
+zeroing what it read while it is in cache; a parameter whose nonzero rows are known (the word embedding's: each rank
+publishes its rows) is summed over those rows alone. Then every rank runs torch's fused AdamW kernel on 1/N of the
+elements, on weights and moments that live once, in /dev/shm, and that every rank's model computes with. The two
+phases are balanced apart (the clip's all-reduce lies between them), so the mean gradient passes from one to the
+other through a shared buffer. DDP all-reduces every gradient byte and every rank runs the whole optimizer step;
+here nothing is all-reduced, each rank runs 1/N of the step, and the optimizer's memory is held once per host. The
+word embedding's rows that no step has written are left to the weight decay (corecpu.distributed.row_step): most of
+its rows, in a fine-tuning run. Measured with `benchmarks/phases.py` on a 2-vCPU EPYC (MiniLM, bf16, 2 ranks x 16,
+interleaved runs): a step of short single sentences 87.5-98.9 ms against DDP's 108-115, of sentence pairs 189-194 ms
+against 207-217, before the rows and the two partitions (which took the summing pass and AdamW from 8.4 + 11.7 ms a
+rank to about 5 + 9.7 on the short sentences, and the zeroing pass's 2.9 ms away).
 
-The mathematics is DDP's: the step applies the mean of the ranks' gradients, clipped by the global norm of that
-mean (each rank's slice's sum of squares, taken in the summing pass, summed over the ranks in one scalar
-all-reduce), through the same fused kernel with the hyper-parameters read from the optimizer's param_groups at
-each step (so an LR scheduler works as usual). Sums differ from an all-reduce's only in rounding order.
+The mathematics is DDP's: the step applies the mean of the ranks' gradients, clipped by the global norm of that mean
+(each rank's slice's sum of squares, taken in the summing pass, summed over the ranks in one scalar all-reduce),
+through the same fused kernel with the hyper-parameters read from the optimizer's param_groups at each step (so an
+LR scheduler works as usual). Sums differ from an all-reduce's only in rounding order.
 
-The user's optimizer stays the object train.py holds: a step pre-hook does the sharded step and hides the
-gradients from the optimizer's own step, which then has nothing to do; a post-hook gives them back and waits for
-every rank, after which the next forward may read the weights and the next backward write the buffers. Its `state` holds every parameter's moments as views of
-the shared buffers, so state_dict() is whole on every rank (a post-hook hands out private copies), and a state
-loaded for a resume is taken in when this is made.
+The user's optimizer stays the object train.py holds: a step pre-hook does the sharded step and hides the gradients
+from the optimizer's own step, which then has nothing to do; a post-hook gives them back and waits for every rank,
+after which the next forward may read the weights and the next backward write the buffers. Its `state` holds every
+parameter's moments as views of the shared buffers, so state_dict() is whole on every rank (a post-hook hands out
+private copies), and a state loaded for a resume is taken in when this is made.
 
-The files are made by rank 0 and unlinked once every rank has mapped them: nothing is left in /dev/shm, even
-after a crash. Whether a run can use this is `unsupported()`'s one line.
+The files are made by rank 0 and unlinked once every rank has mapped them: nothing is left in /dev/shm, even after a
+crash. Whether a run can use this is corecpu.distributed.shard_choice's `unsupported()`.
 """
 
 from __future__ import annotations
@@ -34,18 +35,14 @@ from __future__ import annotations
 import math
 import os
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from corecpu.distributed import shm_sync
+from corecpu.distributed import row_step, shm_sync
+from corecpu.distributed.shard_choice import SHM_DIR
 from corecpu.distributed.shm_sync import ShmSync
-from corecpu.errors import CoreCPUError
-
-SHARD_CHOICES = ("auto", "shm", "off")
-SHM_DIR = Path("/dev/shm")
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 _NO_ROWS = torch.empty(0, dtype=torch.int64)
 _CHUNK = 1 << 18  # floats summed and squared at a time: 1 MiB, about one core's L2 on current x86 server parts
@@ -60,93 +57,6 @@ class RowSource(Protocol):
     weight: torch.nn.Parameter
 
     def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None: ...
-
-
-@dataclass(frozen=True)
-class ShardChoice:
-    name: str  # "shm" or "off"
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.reason})"
-
-
-def shm_bytes(numel: int, world: int) -> int:
-    """/dev/shm this needs: weights, two moments, the mean gradient and a gradient buffer per rank, all fp32 (and
-    a few row numbers)."""
-    return (4 + world) * numel * 4
-
-
-def unsupported(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module, *, world: int, local_world: int,
-                use_ipex: bool, named: str = "", free_bytes: Callable[[], int] | None = None) -> str:
-    """Why this run cannot shard its optimizer through shared memory; "" when it can. `named`: the DDP-side
-    choice the user made by name (`--backend ccl`, `--grad-clip torch`), which sharding would ignore."""
-    if world < 2:
-        return "single process"
-    if local_world != world:
-        return "ranks on more than one host"
-    if named:
-        return f"{named} was asked for, which works on DDP's gradients"
-    if use_ipex:
-        return "IPEX brings its own optimizer step"
-    if optimizer is None:
-        return "no optimizer passed to wrap()"
-    if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam) or not optimizer.defaults.get("fused"):
-        return "the optimizer is not torch's fused AdamW or Adam"
-    for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
-        if any(g.get(flag) for g in optimizer.param_groups):
-            return f"the optimizer uses {flag}"
-    if any(getattr(m, "track_running_stats", False) for m in model.modules()):
-        return "the model has running statistics (batch norm), which DDP keeps in step"
-    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
-    if any(p.dtype != torch.float32 or p.is_sparse for p in params):
-        return "a trained parameter is not a dense fp32 tensor"
-    if len({id(p) for p in params}) != len(params):
-        return "a parameter is in the optimizer twice"
-    need = shm_bytes(sum(p.numel() for p in params), world)
-    free = (free_bytes or _shm_free)()
-    if free < need * 1.1:
-        return (f"{SHM_DIR} has {free / 2**20:,.0f} MiB free and this needs {need / 2**20:,.0f} MiB "
-                "(a container: docker run --shm-size, or a memory-backed emptyDir on /dev/shm)")
-    return ""
-
-
-def decide(requested: str, why_not: str) -> ShardChoice:
-    """`requested` auto|shm|off against unsupported()'s line. An explicit shm that cannot run is an error."""
-    if requested == "off":
-        return ShardChoice("off", "requested")
-    if why_not:
-        if requested == "shm":
-            raise CoreCPUError(f"--shard-optimizer shm cannot run here: {why_not}; use --shard-optimizer off")
-        return ShardChoice("off", why_not)
-    return ShardChoice("shm", "requested" if requested == "shm" else
-                       "every rank on one host: gradients summed and AdamW stepped by slices in shared memory")
-
-
-def _shm_free() -> int:
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
-
-
-def balanced_bounds(sizes: Sequence[int], costs: Sequence[float], row_lengths: Sequence[int], world: int) -> list[int]:
-    """Pure: `world + 1` boundaries over the parameters' flat elements such that each rank's [b[r], b[r+1]) holds
-    about the same work, an element of parameter p costing costs[p]. A boundary inside a parameter with a row length
-    (row_lengths[p] > 0) falls between two of its rows."""
-    total = sum(n * c for n, c in zip(sizes, costs))
-    bounds, start, done, p = [0], 0, 0.0, 0
-    for r in range(1, world):
-        target = total * r / world
-        while p < len(sizes) and done + sizes[p] * costs[p] <= target:
-            done, start, p = done + sizes[p] * costs[p], start + sizes[p], p + 1
-        inside = 0 if p == len(sizes) or costs[p] <= 0 else min(sizes[p], round((target - done) / costs[p]))
-        if p < len(sizes) and row_lengths[p]:
-            inside = min(sizes[p], round(inside / row_lengths[p]) * row_lengths[p])
-        bounds.append(max(bounds[-1], start + inside))
-    bounds.append(sum(sizes))
-    return bounds
 
 
 class SharedAdamW:
@@ -171,6 +81,8 @@ class SharedAdamW:
             self._groups.append((group, trained, offset, offset + sum(p.numel() for p in trained)))
             offset = self._groups[-1][3]
         self.numel = offset
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._group_of = [group for group, trained, _, _ in self._groups for _ in trained]
         self._rows = {id(src.weight): src for src in rows}
         # A gradient some rows of which are known to be the only nonzero ones is summed by those rows alone.
         row_lengths = [p[0].numel() if id(p) in self._rows and p.dim() > 1 else 0 for p in self.params]
@@ -181,10 +93,16 @@ class SharedAdamW:
         # Two partitions: the summing pass's balances the dense elements (a row-summed parameter's are nearly free),
         # AdamW's the elements. The scalar all-reduce of the clip's norm (or a barrier) lies between the two phases,
         # so each must be balanced by itself; the sums go through a shared buffer from the one to the other.
-        bounds = balanced_bounds(sizes, [_ROW_SUM_COST if n else 1.0 for n in row_lengths], row_lengths, world)
+        costs = [torch.full((p.shape[0],), _ROW_SUM_COST * n) if n else 1.0 for p, n in zip(self.params, row_lengths)]
+        bounds = row_step.step_bounds(sizes, costs, world)
         self.sum_lo, self.sum_hi = bounds[rank], bounds[rank + 1]  # the elements this rank sums
-        bounds = balanced_bounds(sizes, [1.0] * len(sizes), [0] * len(sizes), world)
-        self.lo, self.hi = bounds[rank], bounds[rank + 1]  # the elements this rank steps
+        bounds = row_step.step_bounds(sizes, [1.0] * len(sizes), world)
+        self.lo, self.hi = bounds[rank], bounds[rank + 1]  # the elements this rank steps (when every row is stepped)
+        # Parameters summed by rows whose never-written rows the step leaves alone (corecpu.distributed.row_step):
+        # index -> the rows any step has written. Filled in by _adopt_state.
+        self._touched: dict[int, torch.Tensor] = {}
+        self._widths = row_lengths
+        self._skip_rows = bool(row_lengths) and row_step.decay_split_is_exact()
         # Each rank's rows, per parameter summed by rows: a count (-1: every row) and the row numbers.
         self._row_slots: dict[int, tuple[int, int]] = {}
         slots = 0
@@ -301,6 +219,14 @@ class SharedAdamW:
             state[p] = {"step": torch.tensor(step, dtype=torch.float32), "exp_avg": m, "exp_avg_sq": v}
         if loaded:
             self._barrier()  # nobody steps before rank 0 has written what was loaded
+        if self._skip_rows:
+            # A resumed state's written rows are those with a moment; a parameter that never stepped has none (its
+            # new buffers are not read: that would fault in every page of them).
+            m, v = self._views(self.exp_avg), self._views(self.exp_avg_sq)
+            for i in self._row_slots:
+                stepped = float(state[self.params[i]]["step"]) > 0
+                self._touched[i] = (row_step.touched_from_moments(m[i], v[i]) if stepped
+                                    else torch.zeros(self.params[i].shape[0], dtype=torch.bool))
 
     def attach_grads(self, *args: Any) -> None:
         """Every gradient autograd accumulates in place: its view of the shared buffer, wherever zero_grad(
@@ -417,41 +343,91 @@ class SharedAdamW:
             self._synced = True
         # The clip's scale inside the kernel; without one the kernel need not write the gradient back.
         scale = None if self.coefficient is None else self.coefficient.to(torch.float32).reciprocal()
+        steps = {}
+        for group, params_of_group, _, _ in self._groups:
+            steps[id(group)] = [optimizer.state[p]["step"] for p in params_of_group]
+            torch._foreach_add_(steps[id(group)], 1.0)
+        lo, hi, by_rows = self._slice(optimizer)  # by_rows: parameter index -> its blocks of written rows
         for group, params_of_group, start, end in self._groups:
-            a, b = max(start, self.lo), min(end, self.hi)
-            if not params_of_group:
-                continue
-            steps = [optimizer.state[p]["step"] for p in params_of_group]
-            torch._foreach_add_(steps, 1.0)
+            a, b = max(start, lo), min(end, hi)
             if a >= b:
                 continue
             beta1, beta2 = group["betas"]
-            kernel = (torch._fused_adamw_ if isinstance(optimizer, torch.optim.AdamW)
-                      or group.get("decoupled_weight_decay") else torch._fused_adam_)
-            for lo, hi, step in self._runs(params_of_group, steps, start, a, b):
-                kernel([self.weights[lo:hi]], [self.mean_grad[lo:hi]], [self.exp_avg[lo:hi]],
-                       [self.exp_avg_sq[lo:hi]], [], [step], lr=float(group["lr"]), beta1=float(beta1),
-                       beta2=float(beta2), weight_decay=float(group["weight_decay"]), eps=float(group["eps"]),
-                       amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
+            decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(group.get("decoupled_weight_decay"))
+            kernel = torch._fused_adamw_ if decoupled else torch._fused_adam_
+            lr, decay = float(group["lr"]), float(group["weight_decay"])
+
+            def run_kernel(x: int, y: int, step: torch.Tensor, weight_decay: float = decay) -> None:
+                kernel([self.weights[x:y]], [self.mean_grad[x:y]], [self.exp_avg[x:y]], [self.exp_avg_sq[x:y]], [],
+                       [step], lr=lr, beta1=float(beta1), beta2=float(beta2), weight_decay=weight_decay,
+                       eps=float(group["eps"]), amsgrad=False, maximize=False, grad_scale=scale, found_inf=None)
+
+            for x, y, step, i in self._runs(params_of_group, steps[id(group)], start, a, b, by_rows):
+                if i < 0:
+                    run_kernel(x, y, step)
+                    continue
+                # By rows: the decay over every row, then the kernel without it where some step wrote a row.
+                width, first = self._widths[i], self._starts[i]
+                if decay:
+                    self.weights[x:y].mul_(1 - lr * decay)
+                for r0, r1 in row_step.spans(by_rows[i], (x - first) // width, (y - first) // width):
+                    run_kernel(first + r0 * width, first + r1 * width, step, 0.0)
         # The optimizer's own step finds no gradient and does nothing; _post_step gives them back.
         self._hidden = [p.grad for p in self.params]
         for p in self.params:
             p.grad = None
 
-    @staticmethod
-    def _runs(params: Sequence[torch.nn.Parameter], steps: Sequence[torch.Tensor], start: int, a: int, b: int
-              ) -> list[tuple[int, int, torch.Tensor]]:
-        """[a, b) of a group starting at `start`, as (lo, hi, step) runs for the kernel: one run where every
-        parameter has stepped alike (always, unless a loaded state had some parameter step less), else one per
+    def _slice(self, optimizer: torch.optim.Optimizer) -> tuple[int, int, dict[int, torch.Tensor]]:
+        """This step's [lo, hi) of the elements for this rank to step, and the parameters stepped by rows (their
+        never-written rows left to the decay alone) with their blocks of written rows. Every rank computes the same
+        partition: the rows written so far are the same union on every rank."""
+        for i in self._touched:
+            self._mark_written(i)
+        decoupled = isinstance(optimizer, torch.optim.AdamW)
+        # Adam's L2 decay puts every row in the gradient: such a parameter is stepped whole.
+        by_rows = {i: row_step.active_blocks(self._touched[i]) for i in self._touched if decoupled
+                   or self._group_of[i].get("decoupled_weight_decay") or not self._group_of[i]["weight_decay"]}
+        if not by_rows:
+            return self.lo, self.hi, by_rows
+        costs: list[float | torch.Tensor] = [row_step.KERNEL_COST] * len(self.params)
+        for i, active in by_rows.items():
+            costs[i] = row_step.row_costs(active, self.params[i].shape[0], self._widths[i],
+                                          bool(self._group_of[i]["weight_decay"]))
+        bounds = row_step.step_bounds([q.numel() for q in self.params], costs, self.world)
+        return bounds[self.rank], bounds[self.rank + 1], by_rows
+
+    def _mark_written(self, i: int) -> None:
+        """Add this step's rows of parameter i, over every rank, to the rows written so far."""
+        at, _ = self._row_slots[i]
+        written = []
+        for published in self._published:
+            count = int(published[at])
+            if count < 0:
+                self._touched[i].fill_(True)
+                return
+            written.append(published[at + 1:at + 1 + count])
+        self._touched[i][torch.cat(written)] = True
+
+    def _runs(self, params: Sequence[torch.nn.Parameter], steps: Sequence[torch.Tensor], start: int, a: int, b: int,
+              by_rows: Mapping[int, Any]) -> list[tuple[int, int, torch.Tensor, int]]:
+        """[a, b) of a group starting at `start`, as (lo, hi, step, i) runs for the kernel: i the index of a
+        parameter stepped by rows (a run of its own), else -1. The other parameters in one run where every
+        parameter has stepped alike (always, unless a loaded state had some parameter step less), else one run per
         parameter, each with its own step for the bias correction."""
-        if all(float(s) == float(steps[0]) for s in steps):
-            return [(a, b, steps[0])]
-        runs, offset = [], start
+        alike = all(float(s) == float(steps[0]) for s in steps)
+        runs: list[tuple[int, int, torch.Tensor, int]] = []
+        offset = start
         for p, step in zip(params, steps):
-            lo, hi = max(offset, a), min(offset + p.numel(), b)
-            if lo < hi:
-                runs.append((lo, hi, step))
+            lo, hi, i = max(offset, a), min(offset + p.numel(), b), self._index[id(p)]
             offset += p.numel()
+            if lo >= hi:
+                continue
+            if i in by_rows:
+                runs.append((lo, hi, step, i))
+            elif alike and runs and runs[-1][3] < 0 and runs[-1][1] == lo:
+                runs[-1] = (runs[-1][0], hi, runs[-1][2], -1)
+            else:
+                runs.append((lo, hi, step, -1))
         return runs
 
     def _post_step(self, optimizer: torch.optim.Optimizer, *args: Any) -> None:
@@ -496,4 +472,4 @@ def _map(shm_dir: Path, prefix: str, entries: Sequence[tuple[str, int, torch.dty
     return buffers
 
 
-__all__ = ["SHARD_CHOICES", "ShardChoice", "SharedAdamW", "balanced_bounds", "decide", "shm_bytes", "unsupported"]
+__all__ = ["RowSource", "SharedAdamW"]

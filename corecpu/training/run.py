@@ -56,7 +56,8 @@ from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import gradient_path
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
-from corecpu.distributed.shared_adamw import SharedAdamW, decide as decide_shard, unsupported as unsupported_shard
+from corecpu.distributed.shard_choice import decide as decide_shard, unsupported as unsupported_shard
+from corecpu.distributed.shared_adamw import SharedAdamW
 from corecpu.distributed.sparse_rows import SparseChoice
 from corecpu.errors import CoreCPUError
 from corecpu.reliability import lifeline, preempt, watchdog

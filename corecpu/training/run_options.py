@@ -15,7 +15,7 @@ from typing import Any
 from corecpu.compute import ATTENTION_CHOICES, DROPOUT_CHOICES, IPEX_CHOICES, LAST_LAYER_CHOICES, PRECISIONS
 from corecpu.cpu.sharing import BINDING_CHOICES
 from corecpu.distributed import ALLREDUCE_CHOICES, ALLREDUCE_DTYPES, BACKENDS, SPARSE_EMBEDDING_CHOICES
-from corecpu.distributed.shared_adamw import SHARD_CHOICES
+from corecpu.distributed.shard_choice import SHARD_CHOICES
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GRAD_CLIP_CHOICES
 

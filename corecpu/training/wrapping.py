@@ -34,7 +34,8 @@ from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.distributed.process_group import broadcast_from_rank0, gather_objects
-from corecpu.distributed.shared_adamw import ShardChoice, SharedAdamW
+from corecpu.distributed.shard_choice import ShardChoice
+from corecpu.distributed.shared_adamw import SharedAdamW
 from corecpu.distributed.sparse_rows import SparseChoice, SparseRows, decide as decide_sparse
 from corecpu.errors import CoreCPUError
 from corecpu.training.checkpoint_state import LoopState

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from corecpu.distributed import shm_sync
-from corecpu.distributed.shared_adamw import SharedAdamW, decide, shm_bytes, unsupported
+from corecpu.distributed.shard_choice import decide, shm_bytes, unsupported
+from corecpu.distributed.shared_adamw import SharedAdamW
 from corecpu.errors import CoreCPUError
 from corecpu.training.clipping import GradientClipper
 from helpers.thread_ranks import Group, run_ranks as thread_ranks
