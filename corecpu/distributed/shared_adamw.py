@@ -346,7 +346,8 @@ class SharedAdamW:
         steps = {}
         for group, params_of_group, _, _ in self._groups:
             steps[id(group)] = [optimizer.state[p]["step"] for p in params_of_group]
-            torch._foreach_add_(steps[id(group)], 1.0)
+            if params_of_group:  # a group of frozen parameters only (LoRA's, say) has none
+                torch._foreach_add_(steps[id(group)], 1.0)
         lo, hi, by_rows = self._slice(optimizer)  # by_rows: parameter index -> its blocks of written rows
         for group, params_of_group, start, end in self._groups:
             a, b = max(start, lo), min(end, hi)

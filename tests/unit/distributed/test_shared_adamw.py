@@ -29,8 +29,9 @@ def make_model() -> torch.nn.Module:
 def make_optimizer(model: torch.nn.Module) -> torch.optim.AdamW:
     decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
     rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                             lr=1e-2, fused=True)
+    frozen = torch.nn.Parameter(torch.zeros(3), requires_grad=False)  # a group with nothing trained (LoRA's, say)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0},
+                              {"params": [frozen], "weight_decay": 0.0}], lr=1e-2, fused=True)
 
 
 def batches() -> torch.Tensor:
