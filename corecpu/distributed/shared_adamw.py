@@ -142,6 +142,10 @@ class SharedAdamW:
         # Every other gradient is accumulated by autograd straight into this rank's shared buffer (as DDP's
         # gradient_as_bucket_view does): no copy, and no new memory to fault in each step.
         self._in_place = [i for i, p in enumerate(self.params) if id(p) not in self._rows]
+        # Of those, the ones whose gradient a backward writes over the buffer (corecpu.distributed.grad_sink), with
+        # whether the buffer still holds the last step's values: the summing pass leaves them unzeroed.
+        self._stale: dict[int, bool] = {}
+        self._zero_ranges = self._plan_zeroing()
         self._adopt_state()
         self._zeroed = True  # the buffers are new: zeros
         self.attach_grads()
@@ -235,10 +239,57 @@ class SharedAdamW:
         for i in self._in_place:
             p = self.params[i]
             if p.grad is None:
-                if not self._zeroed:
+                if i in self._stale:
+                    self._stale[i] = True  # overwritten by its next gradient, or zeroed before it
+                elif not self._zeroed:
                     self._mine[i].zero_()
                 p.grad = self._mine[i]
         self._zeroed = False
+
+    # ------------------------------------------------------------------ gradients written over (grad_sink)
+    def sink_index(self, param: torch.nn.Parameter) -> int | None:
+        """This parameter's index if its gradient is accumulated in place in this rank's buffer, else None."""
+        i = self._index.get(id(param))
+        return i if i is not None and id(param) not in self._rows else None
+
+    def adopt_sunk(self, indices: Sequence[int]) -> None:
+        """From now on these parameters' gradients are written over their buffers (or zeroed first): the summing
+        pass no longer zeroes them."""
+        self._stale.update({i: False for i in indices})  # the buffers are zeros now
+        self._zero_ranges = self._plan_zeroing()
+
+    def write_grad(self, i: int, grad: torch.Tensor) -> None:
+        """A backward's gradient of parameter i (any float dtype) into this rank's buffer: over the last step's
+        values, or added to this step's."""
+        if self._stale[i]:
+            self._mine[i].copy_(grad)
+            self._stale[i] = False
+        else:
+            self._mine[i].add_(grad)
+
+    def before_accumulate(self, i: int) -> None:
+        """Autograd is about to add a gradient to parameter i's buffer: zero it first if it holds the last step's."""
+        if self._stale[i]:
+            self._mine[i].zero_()
+            self._stale[i] = False
+
+    def _plan_zeroing(self) -> list[list[tuple[int, int]]]:
+        """Per summing segment, the element ranges the summing pass zeroes after reading: the dense ones but those
+        of parameters whose gradients are written over."""
+        plan = []
+        for a, b, i in self._segments:
+            ranges: list[tuple[int, int]] = []
+            if i < 0:
+                for j in range(len(self.params)):
+                    x, y = max(a, self._starts[j]), min(b, self._starts[j + 1])
+                    if x >= y or j in self._stale:
+                        continue
+                    if ranges and ranges[-1][1] == x:
+                        ranges[-1] = (ranges[-1][0], y)
+                    else:
+                        ranges.append((x, y))
+            plan.append(ranges)
+        return plan
 
     # ------------------------------------------------------------------ the step
     def reduce(self) -> None:
@@ -268,6 +319,8 @@ class SharedAdamW:
             grad = self.params[i].grad
             if grad is not None and grad.data_ptr() != views[i].data_ptr():  # replaced by someone: copy it in
                 views[i].copy_(grad)
+            elif self._stale.get(i):  # no gradient came this step: zeros, as a zeroed buffer would hold
+                views[i].zero_()
         self._step_barrier()  # every rank's gradients are in
         buffers, scale = self.grads, 1.0 / self.world
         for k, (a, b, i) in enumerate(self._segments):
@@ -282,10 +335,12 @@ class SharedAdamW:
             out.mul_(scale)
             torch.dot(out, out, out=self._squares[k])
             if i < 0:  # read for the last time this step: zeroed while in cache, for the next backward
-                for buffer in buffers:
-                    buffer[a:b].zero_()
+                for x, y in self._zero_ranges[k]:
+                    for buffer in buffers:
+                        buffer[x:y].zero_()
             else:
                 self._summed_rows[i] = "all"
+        self._stale = dict.fromkeys(self._stale, True)  # every buffer was read: the next gradient writes over it
         self._reduced, self._synced = True, False
 
     def _publish(self, i: int, rows: torch.Tensor | None) -> None:

@@ -33,6 +33,7 @@ from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recyc
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
+from corecpu.distributed import grad_sink
 from corecpu.distributed.process_group import broadcast_from_rank0, gather_objects
 from corecpu.distributed.shard_choice import ShardChoice
 from corecpu.distributed.shared_adamw import SharedAdamW
@@ -173,6 +174,8 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
         _broadcast_untrained(model)
         shared = share(optimizer, [recycled] if recycled else [])
         model.register_forward_pre_hook(shared.attach_grads)  # after zero_grad(set_to_none=True)
+        if precision.autocast_dtype is not None and not compile:  # bf16 weight gradients written over the buffers
+            grad_sink.install(unwrap(model), shared)
         sparse = SparseChoice("off", "the optimizer is sharded through shared memory: no all-reduce")
     elif ddp_hook is not None:
         # Broadcasting buffers costs a collective before every forward; only running statistics
