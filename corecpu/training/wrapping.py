@@ -33,7 +33,7 @@ from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recyc
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.hardware import read_cpu_features
-from corecpu.distributed import grad_sink
+from corecpu.distributed import grad_sink, row_step
 from corecpu.distributed.process_group import broadcast_from_rank0, gather_objects
 from corecpu.distributed.shard_choice import ShardChoice
 from corecpu.distributed.shared_adamw import SharedAdamW
@@ -193,6 +193,8 @@ def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, 
             lookup = None if compile else unwrap(model).get_input_embeddings()
             rows = SparseRows(weight, wire, embedding=lookup,  # broadcasts rank 0's embedding too
                               written=recycled.mark_written if recycled else None).attach(model)
+    elif recycled is not None and optimizer is not None and row_step.steppable(optimizer):
+        row_step.OneProcessRowStep(optimizer, recycled)  # one process: the embedding's unwritten rows only decayed
     if checkpoint is not None:
         checkpoint.attach(model, optimizer, scheduler)
     return Wrapped(model=model, precision=precision, checkpoints=checkpoint, sparse=sparse, sparse_rows=rows,
