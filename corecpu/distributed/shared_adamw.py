@@ -3,7 +3,8 @@
 Ranks on one host can read each other's memory. So autograd accumulates each rank's gradients straight into a buffer
 of that rank's in /dev/shm (as DDP's gradient_as_bucket_view does into its buckets; the kept word-embedding gradient
 copies only the rows its lookups wrote). After backward every rank sums its part of the elements over all N buffers,
-zeroing what it read while it is in cache; a parameter whose nonzero rows are known (the word embedding's: each rank
+zeroing what it read while it is in cache (but for Linear weights, whose next gradients are written over their
+buffers: corecpu.distributed.grad_sink); a parameter whose nonzero rows are known (the word embedding's: each rank
 publishes its rows) is summed over those rows alone. Then every rank runs torch's fused AdamW kernel on 1/N of the
 elements, on weights and moments that live once, in /dev/shm, and that every rank's model computes with. The two
 phases are balanced apart (the clip's all-reduce lies between them), so the mean gradient passes from one to the
@@ -36,27 +37,21 @@ import math
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from corecpu.distributed import row_step, shm_sync
+from corecpu.distributed.row_step import RowSource
 from corecpu.distributed.shard_choice import SHM_DIR
 from corecpu.distributed.shm_sync import ShmSync
+
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 _NO_ROWS = torch.empty(0, dtype=torch.int64)
 _CHUNK = 1 << 18  # floats summed and squared at a time: 1 MiB, about one core's L2 on current x86 server parts
 # What summing a row-summed parameter's element costs against a dense one's (for the summing pass's balance): only
 # the rows some rank wrote are read, about 2% of the word embedding's in a MiniLM step of short sentences.
 _ROW_SUM_COST = 0.1
-
-
-class RowSource(Protocol):
-    """Who knows outside which rows a gradient is zero (corecpu.compute.embedding_grad's kept gradient)."""
-
-    weight: torch.nn.Parameter
-
-    def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None: ...
 
 
 class SharedAdamW:
