@@ -20,6 +20,11 @@ from typing import Sequence
 
 from corecpu.cpu.contention import TAKEN, Taken, shares
 
+# A record's share covers at least this much of a rank's CPU time: /proc/stat counts in 10-ms ticks, and over a
+# step or two a tick either way, or the launcher's own proxy waking once, read as 10-50% (a quiet rank's records read
+# 0-58% with one-step intervals on a 2-vCPU Xeon). Shorter intervals are added to the next record's.
+MIN_COUNTED_S = 0.5
+
 
 def _shares(now: Sequence[Sequence[float]], before: Sequence[Sequence[float]]) -> list[Taken | None]:
     """Each rank's shares between two gatherings of (others, steal, counted) totals; None where not counted."""
@@ -33,13 +38,19 @@ class TakenLog:
     def __init__(self) -> None:
         self._first: list[tuple[float, float, float]] | None = None
         self._last: list[tuple[float, float, float]] | None = None
+        self._told: list[tuple[float, float, float]] | None = None  # each rank's totals when a record last told
 
     def record(self, others: Sequence[float], steal: Sequence[float], counted: Sequence[float]
                ) -> dict[str, list[float | None]]:
-        """The record's "rank_cpu_others" and "rank_cpu_steal": each rank's shares since the last record (null
-        where its CPUs are not watched, or over less than one /proc/stat tick). Nothing when no rank's are."""
+        """The record's "rank_cpu_others" and "rank_cpu_steal": each rank's shares since the last record that gave
+        it one (null where its CPUs are not watched, or, after the first record, under MIN_COUNTED_S of their time
+        since then). Nothing when no rank's are."""
         now = list(zip(others, steal, counted))
-        interval = _shares(now, self._last or [(0.0, 0.0, 0.0)] * len(now))
+        first, told = self._told is None, self._told or [(0.0, 0.0, 0.0)] * len(now)
+        # The first record tells whatever it counted (as a null, under one tick): it holds the loop's warm-up.
+        enough = [first or c - c0 >= MIN_COUNTED_S for (_, _, c), (_, _, c0) in zip(now, told)]
+        interval = [t if ok else None for t, ok in zip(_shares(now, told), enough)]
+        self._told = [n if ok else t for n, t, ok in zip(now, told, enough)]
         self._last = now
         if self._first is None:
             self._first = now
@@ -96,4 +107,4 @@ def line(taken: dict[int, Taken], cpus: Sequence[str]) -> str | None:
             "that started beside a busy neighbour, apart from idle starts")
 
 
-__all__ = ["TakenLog", "cause", "line"]
+__all__ = ["MIN_COUNTED_S", "TakenLog", "cause", "line"]

@@ -35,7 +35,8 @@ def test_a_busy_loop_on_a_ranks_cpu_is_measured_and_named(tmp_path) -> None:
     # The loop and the rank shared the CPU about half and half; other work on this machine only adds to it.
     assert taken[rank]["others"] >= 0.3, taken
     train, _ = records(out)
-    assert all(len(r["rank_cpu_others"]) == 2 for r in train)
+    told = [r for r in train if "rank_cpu_others" in r]  # a record tells once enough CPU time was counted
+    assert told and all(len(r["rank_cpu_others"]) == 2 for r in told)
     # One line names the rank and what took its CPU: the straggler's, or, where the other rank was held back too
     # (under `pytest -n 2`, by the other worker), the line for every rank whose CPUs were taken.
     text = " ".join((proc.stdout + proc.stderr).split())

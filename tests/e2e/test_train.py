@@ -45,9 +45,9 @@ def test_launch_two_ranks_tiny(tmp_path):
         assert all("wait" not in r for r in train) and summary["wait_after_warmup"] is None
     # Each rank on CPUs of its own watches them: what other processes and the hypervisor took, each record's and
     # after warm-up (how much depends on what else this machine runs; tests/chaos/test_neighbour.py loads one).
-    # A rank's share over less than one /proc/stat tick (10 ms) has nothing to tell: null there, and a record where
-    # no rank's can tell has neither key (the tiny model's one-step intervals on a fast CPU); never a made-up share.
-    # The first record counts from the rank's start, so it always tells.
+    # A rank's share over less than MIN_COUNTED_S of its CPU time (a few /proc/stat ticks) has nothing to tell: null
+    # there, and a record where no rank's can tell has neither key (the tiny model's one-step intervals); never a
+    # made-up share. The first record counts from the rank's start, so it always tells.
     if set(ranks[0]["cpus"]).isdisjoint(ranks[1]["cpus"]):
         told = [r for r in train if "rank_cpu_others" in r]
         assert told and told[0]["step"] == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from corecpu.cpu.contention import TAKEN, Taken
-from corecpu.reporting.cpu_taken import TakenLog, cause, line
+from corecpu.reporting.cpu_taken import MIN_COUNTED_S, TakenLog, cause, line
 
 
 def test_each_record_has_the_interval_shares_and_the_summary_skips_the_first() -> None:
@@ -21,6 +21,24 @@ def test_each_record_has_the_interval_shares_and_the_summary_skips_the_first() -
                                                                "rank_cpu_steal": [0.0, None]}
     assert log.summary() == {"rank_cpu_taken_after_warmup": [{"others": 0.275, "steal": 0.05}, None]}
     assert log.taken() == {0: Taken(others=pytest.approx(0.275), steal=pytest.approx(0.05))}
+
+
+def test_a_share_covers_at_least_min_counted_seconds_of_a_ranks_time() -> None:
+    log = TakenLog()
+    step = MIN_COUNTED_S * 0.34  # three records' worth of CPU time before a share says anything
+    # The first record tells what it counted (the loop's warm-up); then rank 0 gets one tick of others (0.01 s) and
+    # no more, rank 1 a tenth of its time throughout.
+    records = [log.record([0.01 * (k > 1), 0.1 * step * k], [0.0, 0.0], [step * k, step * k]) for k in range(1, 8)]
+    assert records[0]["rank_cpu_others"] == [0.0, pytest.approx(0.1)]
+    assert records[1] == records[2] == {}  # nothing over enough time since: no keys
+    assert records[3]["rank_cpu_others"] == [pytest.approx(0.01 / (3 * step), abs=1e-4), pytest.approx(0.1)]
+    assert records[4] == records[5] == {}
+    assert records[6]["rank_cpu_others"] == [0.0, pytest.approx(0.1)]  # since the last record that told
+    # A rank that counts faster (more CPUs) tells more often, each on its own.
+    mixed = TakenLog()
+    mixed.record([0.0, 0.0], [0.0, 0.0], [0.1, 0.1])
+    assert mixed.record([0.0, 0.0], [0.0, 0.0], [0.3, 1.1]) == {"rank_cpu_others": [None, 0.0],
+                                                                "rank_cpu_steal": [None, 0.0]}
 
 
 def test_nothing_is_recorded_where_no_rank_is_watched_and_quiet_cpus_are_not_taken() -> None:
