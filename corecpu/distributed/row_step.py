@@ -118,7 +118,8 @@ def step_bounds(sizes: Sequence[int], costs: Sequence[float | torch.Tensor], wor
 
 
 class RowSource(Protocol):
-    """Who knows which rows of the embedding's gradient a step wrote (corecpu.compute.embedding_grad)."""
+    """Who knows which rows of `weight`'s gradient may be nonzero: sparse_rows' reducer, the kept embedding
+    gradient. `reduced_rows(grad)`: those rows while `grad` is the tensor it vouches for, unwritten since; else None."""
 
     weight: torch.nn.Parameter
 

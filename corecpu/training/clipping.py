@@ -30,23 +30,15 @@ where the fused step's g / (1/c), the row-wise norms and the embedding rows' nor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
+from corecpu.distributed.row_step import RowSource
 from corecpu.errors import CoreCPUError
 
 if TYPE_CHECKING:
     from corecpu.distributed.shared_adamw import SharedAdamW
-
-
-class RowSource(Protocol):
-    """Who knows which rows of `weight`'s gradient may be nonzero: sparse_rows' reducer, the kept embedding
-    gradient. `reduced_rows(grad)`: those rows while `grad` is the tensor it vouches for, unwritten since; else None."""
-
-    weight: torch.nn.Parameter
-
-    def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None: ...
 
 
 _EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
