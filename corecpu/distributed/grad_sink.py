@@ -16,6 +16,9 @@ Linear) goes through autograd's own accumulation; a hook on the weight first zer
 last step's values. A buffer no backward wrote in a step is zeroed before the sums (`SharedAdamW.reduce`). So every
 path adds to zeros, as before, and the sums are bit for bit those of the zeroed buffers.
 
+The cast itself is the owner's when it keeps a current bf16 copy of the weight (the shared step's, corecpu.
+distributed.cast_cache), so the forward, training or evaluating, does not cast the weight again.
+
 Only plain `torch.nn.Linear` modules whose weight is trained, appears once in the model, and has its gradient
 accumulated in place are changed; not under torch.compile (its graph would hold the custom cast).
 """
@@ -39,28 +42,39 @@ class Sink(Protocol):
 
     def before_accumulate(self, i: int) -> None: ...
 
+    def cast_weight(self, i: int, dtype: torch.dtype) -> torch.Tensor | None: ...
+
 
 class _SunkCast(torch.autograd.Function):
-    """The weight cast to the autocast dtype; its gradient written into the shared buffer, none returned."""
+    """The weight cast to the autocast dtype (or its copy the owner keeps: `cast`); its gradient written into the
+    shared buffer, none returned."""
 
     @staticmethod
-    def forward(ctx: Any, weight: torch.Tensor, dtype: torch.dtype, write: Callable[[torch.Tensor], None]
-                ) -> torch.Tensor:
+    def forward(ctx: Any, weight: torch.Tensor, dtype: torch.dtype, write: Callable[[torch.Tensor], None],
+                cast: torch.Tensor | None) -> torch.Tensor:
         ctx.write = write
-        return weight.to(dtype)
+        return weight.to(dtype) if cast is None else cast.detach()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
         ctx.write(grad)
-        return None, None, None
+        return None, None, None, None
 
 
-def _sunk_forward(module: torch.nn.Linear, write: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], Any]:
+def _sunk_forward(module: torch.nn.Linear, i: int, sink: Sink) -> Callable[[torch.Tensor], Any]:
     weight = module.weight
 
+    def write(grad: torch.Tensor) -> None:
+        sink.write_grad(i, grad)
+
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and torch.is_autocast_enabled("cpu"):
-            return F.linear(x, _SunkCast.apply(weight, torch.get_autocast_dtype("cpu"), write), module.bias)
+        if torch.is_autocast_enabled("cpu"):
+            dtype = torch.get_autocast_dtype("cpu")
+            cast = sink.cast_weight(i, dtype)  # autocast takes a tensor already in its dtype as it is
+            if torch.is_grad_enabled():
+                return F.linear(x, _SunkCast.apply(weight, dtype, write, cast), module.bias)
+            if cast is not None:  # evaluation
+                return F.linear(x, cast, module.bias)
         return F.linear(x, weight, module.bias)
 
     return forward
@@ -80,7 +94,7 @@ def install(model: torch.nn.Module, sink: Sink) -> int:
             chosen.append((module, i))
     sink.adopt_sunk([i for _, i in chosen])
     for module, i in chosen:
-        module.forward = _sunk_forward(module, lambda g, i=i: sink.write_grad(i, g))  # type: ignore[method-assign]
+        module.forward = _sunk_forward(module, i, sink)  # type: ignore[method-assign]
         module.weight.register_hook(lambda g, i=i: sink.before_accumulate(i))
     return len(chosen)
 

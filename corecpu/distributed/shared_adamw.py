@@ -42,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from corecpu.distributed import row_step, shm_sync
+from corecpu.distributed.cast_cache import CastCache
 from corecpu.distributed.row_step import RowSource
 from corecpu.distributed.shard_choice import SHM_DIR
 from corecpu.distributed.shm_sync import ShmSync
@@ -106,7 +107,7 @@ class SharedAdamW:
                 self._row_slots[i] = (slots, self.params[i].shape[0])
                 slots += 1 + self.params[i].shape[0]
         names = [("weights", offset, torch.float32), *((m, offset, torch.float32) for m in _MOMENTS),
-                 ("summed", offset, torch.float32),
+                 ("summed", offset, torch.float32), ("weights16", offset, torch.bfloat16),
                  *((f"grad{k}", offset, torch.float32) for k in range(world)),
                  ("sync", world, torch.int64), ("values", world, torch.float64), ("pids", world, torch.int64),
                  ("flags", 2 * world, torch.int64),
@@ -114,9 +115,11 @@ class SharedAdamW:
         tag = share_tag(secrets.token_hex(8))
         buffers = _map(shm_dir, f"corecpu-{tag}", names, rank, barrier)
         self.weights, self.exp_avg, self.exp_avg_sq, self.mean_grad = buffers[:4]  # mean_grad: the ranks' mean
-        self.grads = buffers[4:4 + world]
-        counters, values, pids, flags = buffers[4 + world:8 + world]
-        self._published = buffers[8 + world:]
+        # The sunk Linear weights in bf16 (corecpu.distributed.cast_cache): untouched pages of the rest cost nothing.
+        self._cast = CastCache(buffers[4], self.weights, self._starts, self.params)
+        self.grads = buffers[5:5 + world]
+        counters, values, pids, flags = buffers[5 + world:9 + world]
+        self._published = buffers[9 + world:]
         # The waits inside a step go through shared memory where stores are seen in order (shm_sync), else through
         # the process group, as the waits while setting up do.
         self._sync: ShmSync | None = None
@@ -218,6 +221,7 @@ class SharedAdamW:
             state[p] = {"step": torch.tensor(step, dtype=torch.float32), "exp_avg": m, "exp_avg_sq": v}
         if loaded:
             self._barrier()  # nobody steps before rank 0 has written what was loaded
+            self._recast()
         if self._skip_rows:
             # A resumed state's written rows are those with a moment; a parameter that never stepped has none (its
             # new buffers are not read: that would fault in every page of them).
@@ -248,10 +252,22 @@ class SharedAdamW:
         return i if i is not None and id(param) not in self._rows else None
 
     def adopt_sunk(self, indices: Sequence[int]) -> None:
-        """From now on these parameters' gradients are written over their buffers (or zeroed first): the summing
-        pass no longer zeroes them."""
+        """Collective. From now on these parameters' gradients are written over their buffers (or zeroed first): the
+        summing pass no longer zeroes them. And their bf16 copies are kept for the forward (cast_weight)."""
         self._stale.update({i: False for i in indices})  # the buffers are zeros now
         self._zero_ranges = self._plan_zeroing()
+        self._cast.adopt(indices)
+        self._recast()
+
+    def _recast(self) -> None:
+        """Collective: every kept bf16 copy made again from the weights (each rank its part)."""
+        self._cast.refresh(self.lo, self.hi)
+        self._barrier()
+        self._cast.mark_current()
+
+    def cast_weight(self, i: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Parameter i in `dtype` for a forward, from the copy the step made, if it is current; else None."""
+        return self._cast.get(i, dtype)
 
     def write_grad(self, i: int, grad: torch.Tensor) -> None:
         """A backward's gradient of parameter i (any float dtype) into this rank's buffer: over the last step's
@@ -423,6 +439,7 @@ class SharedAdamW:
                     self.weights[x:y].mul_(1 - lr * decay)
                 for r0, r1 in row_step.spans(by_rows[i], (x - first) // width, (y - first) // width):
                     run_kernel(first + r0 * width, first + r1 * width, step, 0.0)
+        self._cast.refresh(lo, hi)  # the slice's bf16 copies, for every rank's next forward
         # The optimizer's own step finds no gradient and does nothing; _post_step gives them back.
         self._hidden = [p.grad for p in self.params]
         for p in self.params:
@@ -486,6 +503,7 @@ class SharedAdamW:
             p.grad = g
         self._hidden = []
         self._step_barrier()  # every slice is updated: the next forward may read the weights, the next backward write
+        self._cast.mark_current()
         self._zeroed = True  # the summing pass zeroed the gradients it read (reduce)
         self.coefficient, self._reduced = None, False
 

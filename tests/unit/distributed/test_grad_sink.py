@@ -41,7 +41,10 @@ def batches() -> torch.Tensor:
     return torch.randn(WORLD, STEPS, 2, 4, 8)  # rank, step, micro-batch
 
 
-def train(shm_dir: Path, sink: bool, twice: bool = False) -> list[tuple[list[torch.Tensor], int, dict[int, bool]]]:
+def train(shm_dir: Path, sink: bool, twice: bool = False, poke: bool = False
+          ) -> list[tuple[list[torch.Tensor], int, dict[int, bool], list[torch.Tensor]]]:
+    """Each rank's weights after the steps, the Linear weights routed, which buffers hold values, and an evaluation's
+    output after each step. `poke`: every rank writes the same new values into a Linear weight before step 4."""
     group, xs = Group(WORLD), batches()
     models = [Model(twice) for _ in range(WORLD)]
 
@@ -53,7 +56,13 @@ def train(shm_dir: Path, sink: bool, twice: bool = False) -> list[tuple[list[tor
                              shm_dir=shm_dir)
         model.register_forward_pre_hook(shared.attach_grads)
         sunk = grad_sink.install(model, shared) if sink else 0
+        evals = []
         for step in range(STEPS):
+            if poke and step == 4:  # as a load_state_dict would: the bf16 copy kept of it is no longer current
+                group.barrier()  # no rank is still evaluating with the old weights
+                with torch.no_grad():
+                    model.b.weight.copy_(torch.linspace(-0.3, 0.3, model.b.weight.numel()).view_as(model.b.weight))
+                group.barrier()
             for micro in range(2 if step == 2 else 1):  # gradient accumulation in one step
                 # Step 3 runs without autocast: the gradients reach the weights through autograd's own add.
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=step != 3):
@@ -61,9 +70,11 @@ def train(shm_dir: Path, sink: bool, twice: bool = False) -> list[tuple[list[tor
                 loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                evals.append(model(xs[rank, step, 0], 1))
         # The buffers after the last step: written over (stale) ones keep their values, the others are zeros.
         holds = {i: bool(shared._mine[i].any()) for i in shared._in_place}
-        return [p.detach().clone() for p in model.parameters()], sunk, holds
+        return [p.detach().clone() for p in model.parameters()], sunk, holds, evals
 
     shm_dir.mkdir()
     return run_ranks(WORLD, group, body)
@@ -72,13 +83,14 @@ def train(shm_dir: Path, sink: bool, twice: bool = False) -> list[tuple[list[tor
 def test_gradients_written_over_the_buffers_give_the_same_steps_bit_for_bit(tmp_path):
     zeroed = train(tmp_path / "zeroed", sink=False)
     sunk = train(tmp_path / "sunk", sink=True)
-    for (want, none, _), (got, count, holds) in zip(zeroed, sunk):
+    for (want, none, _, want_evals), (got, count, holds, evals) in zip(zeroed, sunk):
         assert none == 0 and count == 4  # a, b, spare, head
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+        assert all(torch.equal(a, b) for a, b in zip(evals, want_evals))  # the forwards read the step's bf16 copies
     # Written-over buffers are not zeroed by the summing pass (that was the point); the others are.
     names = [n for n, _ in Model().named_parameters()]
-    for _, _, holds in sunk:
+    for _, _, holds, _ in sunk:
         assert holds[names.index("a.weight")] and holds[names.index("head.weight")]
         assert not holds[names.index("a.bias")] and not holds[names.index("norm.weight")]
 
@@ -89,8 +101,45 @@ def test_a_linear_not_used_in_a_step_contributes_zeros_not_last_steps_gradient(t
     # steps bit for bit, this one that the case is really there.
     results = train(tmp_path / "sunk", sink=True)
     names = [n for n, _ in Model().named_parameters()]
-    for _, _, holds in results:
+    for _, _, holds, _ in results:
         assert not holds[names.index("spare.weight")]  # step 4 left it unused: zeroed before the sums
+
+
+def test_a_weight_written_outside_the_step_is_cast_again_not_read_from_the_stale_copy(tmp_path):
+    zeroed = train(tmp_path / "zeroed", sink=False, poke=True)
+    sunk = train(tmp_path / "sunk", sink=True, poke=True)
+    for (want, _, _, want_evals), (got, _, _, evals) in zip(zeroed, sunk):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert all(torch.equal(a, b) for a, b in zip(evals, want_evals))
+    plain = train(tmp_path / "plain", sink=False)  # the case is really there: the write changes the run
+    assert not torch.equal(plain[0][0][2], zeroed[0][0][2])
+
+
+def test_the_forward_reads_the_copy_the_step_made(tmp_path):
+    # Through the owner's cast (not autocast's): the copy made in the step is what the forward multiplies by.
+    group = Group(WORLD)
+    models = [Model() for _ in range(WORLD)]
+
+    def body(rank: int):
+        model = models[rank]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+        shared = SharedAdamW(optimizer, rank=rank, world=WORLD, barrier=group.barrier,
+                             sum_scalar=lambda x: group.sum_scalar(rank, x), share_tag=lambda tag: "copy",
+                             shm_dir=tmp_path)
+        grad_sink.install(model, shared)
+        i = shared.sink_index(model.a.weight)
+        cast = shared.cast_weight(i, torch.bfloat16)
+        assert torch.equal(cast, model.a.weight.detach().to(torch.bfloat16))
+        assert shared.cast_weight(i, torch.float16) is None  # a copy in bf16 only
+        group.barrier()
+        if rank == 0:
+            cast.fill_(0)  # only the copy: a forward through it sees zeros
+        group.barrier()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model.a(torch.ones(1, 8))
+        return torch.equal(out.float(), model.a.bias.detach().to(torch.bfloat16).float().view(1, -1))
+
+    assert run_ranks(WORLD, group, body) == [True, True]
 
 
 class Buffers:
@@ -117,6 +166,9 @@ class Buffers:
         if self.stale[i]:
             self.buffers[i].zero_()
             self.stale[i] = False
+
+    def cast_weight(self, i: int, dtype: torch.dtype) -> None:
+        return None  # no copies kept: the forward casts, as autocast does
 
 
 def test_a_weight_whose_gradient_comes_two_ways_has_them_added_in_another_order():
