@@ -26,9 +26,10 @@ class ShardChoice:
 
 
 def shm_bytes(numel: int, world: int) -> int:
-    """/dev/shm this needs: weights, two moments, the mean gradient and a gradient buffer per rank, all fp32 (and
-    a few row numbers)."""
-    return (4 + world) * numel * 4
+    """/dev/shm this needs: weights, two moments, the mean gradient and a gradient buffer per rank, all fp32, and
+    the bf16 copies of the Linear weights (corecpu.distributed.cast_cache; counted as if every weight were one), and
+    a few row numbers."""
+    return (4 + world) * numel * 4 + numel * 2
 
 
 def unsupported(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module, *, world: int, local_world: int,
