@@ -34,7 +34,6 @@ crash. Whether a run can use this is corecpu.distributed.shard_choice's `unsuppo
 from __future__ import annotations
 
 import math
-import os
 import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -45,6 +44,7 @@ from corecpu.distributed import row_step, shm_sync
 from corecpu.distributed.cast_cache import CastCache
 from corecpu.distributed.row_step import RowSource
 from corecpu.distributed.shard_choice import SHM_DIR
+from corecpu.distributed.shm_files import map_shared
 from corecpu.distributed.shm_sync import ShmSync
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -113,7 +113,7 @@ class SharedAdamW:
                  ("flags", 2 * world, torch.int64),
                  *((f"rows{k}", slots, torch.int64) for k in range(world if slots else 0))]
         tag = share_tag(secrets.token_hex(8))
-        buffers = _map(shm_dir, f"corecpu-{tag}", names, rank, barrier)
+        buffers = map_shared(shm_dir, f"corecpu-{tag}", names, rank, barrier)
         self.weights, self.exp_avg, self.exp_avg_sq, self.mean_grad = buffers[:4]  # mean_grad: the ranks' mean
         # The sunk Linear weights in bf16 (corecpu.distributed.cast_cache): untouched pages of the rest cost nothing.
         self._cast = CastCache(buffers[4], self.weights, self._starts, self.params)
@@ -515,30 +515,6 @@ def _private_copies(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
     state_dict["state"] = {k: {name: v.clone() if isinstance(v, torch.Tensor) else v for name, v in entry.items()}
                            for k, entry in state_dict["state"].items()}
     return state_dict
-
-
-def _map(shm_dir: Path, prefix: str, entries: Sequence[tuple[str, int, torch.dtype]], rank: int,
-         barrier: Callable[[], None]) -> list[torch.Tensor]:
-    """Collective: buffers of zeros, (name, elements, dtype) each, in `shm_dir`, mapped by every rank, their files
-    gone on return."""
-    paths = [shm_dir / f"{prefix}-{name}" for name, _, _ in entries]
-    try:
-        if rank == 0:
-            for path, (_, numel, dtype) in zip(paths, entries):
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-                try:
-                    os.ftruncate(fd, max(numel, 1) * dtype.itemsize)
-                finally:
-                    os.close(fd)
-        barrier()
-        buffers = [torch.from_file(str(p), shared=True, size=max(numel, 1), dtype=dtype)[:numel]
-                   for p, (_, numel, dtype) in zip(paths, entries)]
-        barrier()
-    finally:
-        if rank == 0:
-            for path in paths:
-                path.unlink(missing_ok=True)
-    return buffers
 
 
 __all__ = ["RowSource", "SharedAdamW"]
