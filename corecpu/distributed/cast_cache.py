@@ -33,10 +33,6 @@ class CastCache:
         self._views: dict[int, torch.Tensor] = {}
         self._current: dict[int, tuple[int, int]] = {}  # index -> (version, data_ptr) its copy was made from
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.buffer.dtype
-
     def adopt(self, indices: Sequence[int]) -> None:
         """Keep copies of these parameters (not yet made: `refresh` and `mark_current` make them usable)."""
         for i in sorted(set(indices) - set(self._views)):

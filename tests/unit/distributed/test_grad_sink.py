@@ -115,8 +115,9 @@ def test_a_weight_written_outside_the_step_is_cast_again_not_read_from_the_stale
     assert not torch.equal(plain[0][0][2], zeroed[0][0][2])
 
 
-def test_the_forward_reads_the_copy_the_step_made(tmp_path):
-    # Through the owner's cast (not autocast's): the copy made in the step is what the forward multiplies by.
+def test_the_forward_reads_the_kept_copy_not_a_cast_of_its_own(tmp_path):
+    # Through the owner's cast (not autocast's): the copy kept (made here when the weights were adopted) is what
+    # the forward multiplies by.
     group = Group(WORLD)
     models = [Model() for _ in range(WORLD)]
 
