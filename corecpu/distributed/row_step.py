@@ -126,12 +126,20 @@ class RowSource(Protocol):
     def reduced_rows(self, grad: torch.Tensor) -> torch.Tensor | None: ...
 
 
-def steppable(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether `optimizer` is torch's fused Adam or AdamW without the options this step leaves out."""
+def fused_adam_gap(optimizer: torch.optim.Optimizer) -> str:
+    """Why `optimizer` is not torch's fused Adam or AdamW without the options a step by slices or rows leaves out
+    (the shared step's and this module's); "" when it is."""
     if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam) or not optimizer.defaults.get("fused"):
-        return False
-    flags = ("amsgrad", "maximize", "capturable", "differentiable")
-    return not any(g.get(flag) for g in optimizer.param_groups for flag in flags) and decay_split_is_exact()
+        return "the optimizer is not torch's fused AdamW or Adam"
+    for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
+        if any(g.get(flag) for g in optimizer.param_groups):
+            return f"the optimizer uses {flag}"
+    return ""
+
+
+def steppable(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the embedding of a run with `optimizer` can be stepped by rows (OneProcessRowStep)."""
+    return not fused_adam_gap(optimizer) and decay_split_is_exact()
 
 
 class OneProcessRowStep:
@@ -201,5 +209,5 @@ class OneProcessRowStep:
             self.weight.grad, self._hidden = self._hidden, None
 
 
-__all__ = ["BLOCK_ROWS", "OneProcessRowStep", "RowSource", "active_blocks", "decay_split_is_exact", "row_costs",
-           "spans", "steppable", "step_bounds", "touched_from_moments"]
+__all__ = ["BLOCK_ROWS", "OneProcessRowStep", "RowSource", "active_blocks", "decay_split_is_exact", "fused_adam_gap",
+           "row_costs", "spans", "steppable", "step_bounds", "touched_from_moments"]

@@ -10,6 +10,7 @@ from typing import Callable
 
 import torch
 
+from corecpu.distributed.row_step import fused_adam_gap
 from corecpu.errors import CoreCPUError
 
 SHARD_CHOICES = ("auto", "shm", "off")
@@ -46,11 +47,8 @@ def unsupported(optimizer: torch.optim.Optimizer | None, model: torch.nn.Module,
         return "IPEX brings its own optimizer step"
     if optimizer is None:
         return "no optimizer passed to wrap()"
-    if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam) or not optimizer.defaults.get("fused"):
-        return "the optimizer is not torch's fused AdamW or Adam"
-    for flag in ("amsgrad", "maximize", "capturable", "differentiable"):
-        if any(g.get(flag) for g in optimizer.param_groups):
-            return f"the optimizer uses {flag}"
+    if gap := fused_adam_gap(optimizer):
+        return gap
     if any(getattr(m, "track_running_stats", False) for m in model.modules()):
         return "the model has running statistics (batch norm), which DDP keeps in step"
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
