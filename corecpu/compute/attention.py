@@ -203,7 +203,7 @@ def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: 
         return decide_attention("auto", current, ratio, cached=True)
     start = time.perf_counter()
     with notices.phase(f"timing sdpa against eager attention on this model (batch {batch} x {seq} tokens; "
-                       "once per CPU model)"):
+                       "once per CPU model and shape)"):
         try:
             ratio = measure(model, batch, seq, bf16, dropout)
         except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:  # a model this timing cannot run

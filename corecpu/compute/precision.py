@@ -39,6 +39,11 @@ BF16_MARGIN = 1.10
 # tens of percent, not 2x. On a CPU that emulates bf16 (AVX2 only) one bf16 step takes 10x an fp32 one, and
 # two more rounds of it were half of a first start-up's 7 s calibration (a 2-vCPU Zen 3, benchmarks/README.md).
 DECISIVE = 2.0
+# A ratio this low on any one shape means the CPU has no fast bf16 path (it computes bf16 through fp32): an
+# AVX2-only Zen 3 measured 0.05-0.09x at every sequence length and thread count tried, where CPUs with avx512_bf16
+# measured 0.77-3.33x (benchmarks/README.md). So such a ratio, cached for this CPU and torch, decides for every
+# shape and thread count: a first run at a new length there spent 5-14 s timing bf16 steps 10x an fp32 one's.
+NO_FAST_BF16 = 0.25
 # Flags that change how bf16 or fp32 matmuls run; part of the cache key.
 KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "amx_fp16")
 CACHE_FILE = "precision.json"
@@ -80,13 +85,15 @@ def _valid(ratio: Any) -> float | None:
 
 
 def decide_precision(requested: str, features: CpuFeatures, bf16_speedup: float | None = None, *,
-                     cached: bool = False, margin: float = BF16_MARGIN) -> PrecisionChoice:
-    """Pure: the precision for `requested` on this CPU, given the measured bf16 speed-up (or None)."""
+                     cached: bool = False, other_shape: bool = False, margin: float = BF16_MARGIN) -> PrecisionChoice:
+    """Pure: the precision for `requested` on this CPU, given the measured bf16 speed-up (or None); `other_shape`:
+    it was measured on another shape (NO_FAST_BF16)."""
     if requested not in PRECISIONS:
         raise CoreCPUError(f"unknown precision {requested!r}; use one of: {', '.join(PRECISIONS)}")
     ratio = _valid(bf16_speedup)
     source = "cached" if cached else "measured"
-    where = f"on {features.model_name}{' (cached)' if cached else ''}"
+    note = " (cached, from another shape: no fast bf16 path on this CPU)" if other_shape else " (cached)"
+    where = f"on {features.model_name}{note if cached else ''}"
     if requested == "fp32":
         return PrecisionChoice("fp32", "requested", bf16_speedup=ratio)
     if requested == "bf16":
@@ -289,12 +296,16 @@ def alternate_rounds(one: Callable[[bool], float], *, budget_s: float, min_round
 
 # ---------------------------------------------------------------- cache
 
+def _cpu_key(features: CpuFeatures, torch_version: str) -> str:
+    flags = ",".join(f for f in KEY_FLAGS if f in features.flags)
+    return f"{features.model_name} | {flags} | torch {torch_version} | "
+
+
 def cache_key(features: CpuFeatures, torch_version: str, threads: int, shapes: CalibrationShapes) -> str:
     """Readable and unique: a ratio measured for one CPU, torch, thread count and model shape."""
-    flags = ",".join(f for f in KEY_FLAGS if f in features.flags)
     what = json.dumps(dataclasses.asdict(shapes), sort_keys=True)
     digest = hashlib.sha256(what.encode()).hexdigest()[:12]
-    return f"{features.model_name} | {flags} | torch {torch_version} | {threads} threads | shapes {digest}"
+    return f"{_cpu_key(features, torch_version)}{threads} threads | shapes {digest}"
 
 
 def read_cache(path: Path) -> dict[str, dict[str, Any]]:
@@ -314,6 +325,15 @@ def cached_speedup(path: Path, key: str) -> float | None:
     return ratio
 
 
+def no_fast_bf16(path: Path, features: CpuFeatures, torch_version: str) -> float | None:
+    """The lowest ratio below NO_FAST_BF16 cached for this CPU and torch at any shape or thread count, or None."""
+    prefix = _cpu_key(features, torch_version)
+    ratios = [_valid(e.get("bf16_speedup")) for k, e in read_cache(path).items() if k.startswith(prefix)
+              and isinstance(e, dict)]
+    slow = [r for r in ratios if r is not None and r < NO_FAST_BF16]
+    return min(slow) if slow else None
+
+
 def store_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
     """Add one entry atomically (temp file + rename); an unwritable directory warns once and returns False."""
     return cachefile.store_entry(path, CACHE_VERSION, key, entry, what="the precision calibration")
@@ -325,7 +345,8 @@ def resolve_precision(requested: str, features: CpuFeatures, shapes: Calibration
                       cache_dir: Path | None = None, *, budget_s: float = 0.5,
                       measure: Callable[..., float] = measure_bf16_speedup) -> PrecisionChoice:
     """This rank's precision: fp32 as asked; bf16 as asked (a cached measurement can add a warning);
-    auto: AMX means bf16, else the cached ratio or a fresh calibration (then cached) decides.
+    auto: AMX means bf16, else the cached ratio, a ratio cached on another shape that shows no fast bf16 path
+    (NO_FAST_BF16), or a fresh calibration (then cached) decides.
 
     Each rank can call this at once on its own cores; then agree_precision over all ranks' choices.
     """
@@ -340,9 +361,12 @@ def resolve_precision(requested: str, features: CpuFeatures, shapes: Calibration
     ratio = cached_speedup(path, key)
     if requested == "bf16" or has_amx(features) or ratio is not None:
         return decide_precision(requested, features, ratio, cached=ratio is not None)
+    slow = no_fast_bf16(path, features, torch.__version__)
+    if slow is not None:  # not stored under this key: only a measurement of this shape is
+        return decide_precision(requested, features, slow, cached=True, other_shape=True)
     start = time.perf_counter()
     with notices.phase(f"timing bf16 against fp32 on this model (batch {shapes.batch_size} x {shapes.seq_len} tokens; "
-                       "once per CPU model)"):
+                       "once per CPU model and shape)"):
         ratio = measure(shapes, threads, budget_s)
     seconds = time.perf_counter() - start
     store_cache(path, key, {"bf16_speedup": ratio, "calibration_s": round(seconds, 3), "shapes": shapes.describe(),

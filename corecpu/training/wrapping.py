@@ -109,7 +109,7 @@ def calibration_shape(model: torch.nn.Module, loader: DataLoader | None) -> tupl
 
 def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, int], threads: int) -> PrecisionChoice:
     """This rank's precision for `model` (no collective). auto: AMX means bf16; elsewhere the model's own
-    shapes are timed in both precisions (once per CPU model, then cached)."""
+    shapes are timed in both precisions (once per CPU model and shape, then cached)."""
     features = read_cpu_features()
     try:
         return resolve_precision(requested, features, CalibrationShapes.from_model(unwrap(model), *shape), threads)

@@ -279,3 +279,35 @@ def test_requested_skips_calibration_but_uses_a_cached_ratio_for_the_warning(tmp
 def test_choice_records_for_config_json():
     record = PrecisionChoice("bf16", "measured", bf16_speedup=1.5, source="measured").to_dict()
     assert record == {"precision": "bf16", "bf16_speedup": 1.5, "source": "measured", "reason": "measured"}
+
+
+class Refuse:
+    def __call__(self, shapes, threads, budget_s):
+        raise AssertionError("measured again")
+
+
+OTHER = CalibrationShapes(batch_size=2, seq_len=32, linears=SHAPES.linears, num_params=1000)
+AVX2 = CpuFeatures("AMD EPYC", frozenset({"avx2", "fma"}))
+
+
+def test_a_cpu_without_fast_bf16_on_one_shape_is_not_timed_again_on_another(tmp_path):
+    resolve_precision("auto", AVX2, SHAPES, 1, tmp_path, measure=FakeMeasure(0.2))
+    assert resolve_precision("auto", AVX2, SHAPES, 2, tmp_path, measure=Refuse()).bf16_speedup == 0.2
+    prec.store_cache(tmp_path / prec.CACHE_FILE, cache_key(AVX2, torch.__version__, 2, SHAPES), {"bf16_speedup": 0.07})
+    choice = resolve_precision("auto", AVX2, OTHER, 1, tmp_path, measure=Refuse())
+    assert (choice.name, choice.source, choice.bf16_speedup) == ("fp32", "cached", 0.07)  # the lowest, any threads
+    assert "from another shape" in choice.reason and "0.07x" in choice.reason
+    # Only a measurement of this shape is stored under its key.
+    assert len(json.loads((tmp_path / prec.CACHE_FILE).read_text())["entries"]) == 2
+
+
+@pytest.mark.parametrize("other", ["ratio", "cpu", "torch"])
+def test_a_slow_ratio_decides_only_when_far_below_and_on_this_cpu_and_torch(tmp_path, other, monkeypatch):
+    # 0.3x: slow, but within what a CPU with native bf16 measured on some shapes (0.77x): each shape is timed.
+    resolve_precision("auto", AVX2, SHAPES, 1, tmp_path, measure=FakeMeasure(0.3 if other == "ratio" else 0.07))
+    features = CpuFeatures("AMD EPYC", frozenset({"avx2", "fma", "avx512f", "avx512_bf16"})) if other == "cpu" else AVX2
+    if other == "torch":
+        monkeypatch.setattr(torch, "__version__", "2.99.0+cpu")
+    measure = FakeMeasure(1.5)
+    choice = resolve_precision("auto", features, OTHER, 1, tmp_path, measure=measure)
+    assert (measure.calls, choice.name, choice.source) == (1, "bf16", "measured")
