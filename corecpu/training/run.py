@@ -274,7 +274,7 @@ class Run:
     def decide_precision(self, model: torch.nn.Module, loader: DataLoader | None = None) -> PrecisionChoice:
         """The precision for `model` (wrap() settles it with this). A collective for more than one rank.
         fp32 as asked; auto: AMX means bf16, elsewhere the model's own shapes (`loader`'s, see
-        run.loader()) are timed in both precisions (once per CPU model, then cached). Every rank measures
+        run.loader()) are timed in both precisions (once per CPU model and shape, then cached). Every rank measures
         on its own cores; bf16 only if every rank found it faster."""
         if self.options.precision == "fp32" and self.requested_precision is not None:
             return self.requested_precision
