@@ -45,7 +45,7 @@ from corecpu.distributed.cast_cache import CastCache
 from corecpu.distributed.row_step import RowSource
 from corecpu.distributed.shard_choice import SHM_DIR
 from corecpu.distributed.shm_files import map_shared
-from corecpu.distributed.shm_sync import ShmSync
+from corecpu.distributed.shm_sync import SUM_SLOTS, ShmSync
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 _NO_ROWS = torch.empty(0, dtype=torch.int64)
@@ -110,7 +110,7 @@ class SharedAdamW:
                  ("summed", offset, torch.float32), ("weights16", offset, torch.bfloat16),
                  *((f"grad{k}", offset, torch.float32) for k in range(world)),
                  ("sync", world, torch.int64), ("values", world, torch.float64), ("pids", world, torch.int64),
-                 ("flags", 2 * world, torch.int64),
+                 ("flags", 2 * world, torch.int64), ("sums", 2 * world * SUM_SLOTS, torch.float64),
                  *((f"rows{k}", slots, torch.int64) for k in range(world if slots else 0))]
         tag = share_tag(secrets.token_hex(8))
         buffers = map_shared(shm_dir, f"corecpu-{tag}", names, rank, barrier)
@@ -118,13 +118,14 @@ class SharedAdamW:
         # The sunk Linear weights in bf16 (corecpu.distributed.cast_cache): untouched pages of the rest cost nothing.
         self._cast = CastCache(buffers[4], self.weights, self._starts, self.params)
         self.grads = buffers[5:5 + world]
-        counters, values, pids, flags = buffers[5 + world:9 + world]
-        self._published = buffers[9 + world:]
+        counters, values, pids, flags, sums = buffers[5 + world:10 + world]
+        self._published = buffers[10 + world:]
         # The waits inside a step go through shared memory where stores are seen in order (shm_sync), else through
         # the process group, as the waits while setting up do.
         self._sync: ShmSync | None = None
         if shm_sync.usable():
-            sync = self._sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s, flags=flags)
+            sync = self._sync = ShmSync(counters, values, pids, rank=rank, timeout_s=sync_timeout_s, flags=flags,
+                                        sums=sums)
             self._step_barrier, self._step_sum = sync.barrier, sync.sum
         else:
             self._step_barrier, self._step_sum = barrier, sum_scalar
@@ -166,6 +167,12 @@ class SharedAdamW:
         """The ranks' largest of an int, agreed through shared memory (the loop's stop check between steps); None
         where the waits go through the process group."""
         return self._sync.agree_max if self._sync is not None else None
+
+    @property
+    def sum_all(self) -> Callable[[Sequence[float]], list[float]] | None:
+        """A few numbers (at most shm_sync.SUM_SLOTS) summed over the ranks through shared memory (the loop's log
+        steps, token counts and evaluations); None where the waits go through the process group."""
+        return self._sync.sum_all if self._sync is not None else None
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         out, offset = [], 0

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -77,6 +77,11 @@ class Wrapped:
         """The ranks' largest of an int without the process group, where the step has shared memory to do it in
         (the stop check between steps); None: ask the process group."""
         return self.shared.agree_max if self.shared is not None else None
+
+    @property
+    def sum_all(self) -> Callable[[Sequence[float]], list[float]] | None:
+        """A few numbers summed over the ranks through the step's shared memory; None: ask the process group."""
+        return self.shared.sum_all if self.shared is not None else None
 
 
 class Once(Generic[T]):

@@ -79,7 +79,7 @@ def test_steps_equal_ddp_mean_gradient_with_torch_clip_and_fused_adamw(tmp_path,
         shared = shared_for(rank, group, optimizer, tmp_path)
         model.register_forward_pre_hook(shared.attach_grads)
         clip = GradientClipper(model.parameters(), optimizer, shared=shared)
-        norms, stops = [], []
+        norms, stops, sums = [], [], []
         for step in range(STEPS):
             model(xs[rank, step]).pow(2).mean().backward()
             norms.append(float(clip(max_norm)))
@@ -87,12 +87,15 @@ def test_steps_equal_ddp_mean_gradient_with_torch_clip_and_fused_adamw(tmp_path,
             optimizer.zero_grad(set_to_none=True)
             if shared.agree_max is not None:  # the loop's stop check between steps: rank 1 is signalled at step 1
                 stops.append(shared.agree_max(15 if rank == 1 and step >= 1 else 0))
-        return [p.detach().clone() for p in model.parameters()], norms, stops
+            if shared.sum_all is not None:  # a log step's numbers, among the step's own waits
+                sums.append(shared.sum_all([float(rank + 1), float(step), 0.5]))
+        return [p.detach().clone() for p in model.parameters()], norms, stops, sums
 
     results = run_ranks(rank_body)
     want, want_norms = reference(max_norm, xs)
-    for weights, norms, stops in results:
+    for weights, norms, stops, sums in results:
         assert stops == ([0] + [15] * (STEPS - 1) if shm_sync.usable() else [])
+        assert sums == ([[3.0, 2.0 * step, 1.0] for step in range(STEPS)] if shm_sync.usable() else [])
         for got, expected in zip(weights, want):
             torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-7)
         assert norms == pytest.approx(want_norms, rel=1e-5)

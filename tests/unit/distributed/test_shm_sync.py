@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from corecpu.distributed.shm_sync import ShmSync, usable
+from corecpu.distributed.shm_sync import SUM_SLOTS, ShmSync, usable
 from corecpu.errors import CoreCPUError
 from helpers.thread_ranks import Group, run_ranks
 
@@ -100,3 +100,39 @@ def test_agreeing_without_the_flags_buffer_is_an_error():
     counters, values, pids = buffers(1)
     with pytest.raises(CoreCPUError, match="needs the flags buffer"):
         ShmSync(counters, values, pids, rank=0, timeout_s=1).agree_max(0)
+
+
+def test_sums_of_several_numbers_agree_on_every_rank_even_when_one_reads_late():
+    # As agree_max: rank 1 reads each sum 5 ms after leaving its barrier while rank 0 writes the next call's values.
+    world, rounds = 2, 20
+    counters, values, pids = buffers(world)
+    sums = torch.zeros(2 * world * SUM_SLOTS, dtype=torch.float64)
+    seen: list[list[list[float]]] = [[] for _ in range(world)]
+
+    def rank(r: int) -> None:
+        sync = ShmSync(counters, values, pids, rank=r, timeout_s=30, sums=sums)
+        if r == 1:
+            barrier = sync.barrier
+
+            def late() -> None:
+                barrier()
+                time.sleep(0.005)
+
+            sync.barrier = late  # type: ignore[method-assign]
+        for k in range(rounds):
+            seen[r].append(sync.sum_all([0.1 * (r + 1), float(k), float(r * k)] if k % 2 else [float(k + r)]))
+
+    run_ranks(world, Group(world), rank)
+    want = [[0.1 + 0.2, 2.0 * k, float(k)] if k % 2 else [2.0 * k + 1] for k in range(rounds)]
+    assert seen[0] == seen[1] == want
+
+
+def test_a_sum_too_long_for_the_slots_or_without_them_is_an_error():
+    counters, values, pids = buffers(1)
+    with pytest.raises(CoreCPUError, match="needs the sums buffer"):
+        ShmSync(counters, values, pids, rank=0, timeout_s=1).sum_all([1.0])
+    sums = torch.zeros(2 * SUM_SLOTS, dtype=torch.float64)
+    sync = ShmSync(counters, values, pids, rank=0, timeout_s=1, sums=sums)
+    assert sync.sum_all([1.0] * SUM_SLOTS) == [1.0] * SUM_SLOTS
+    with pytest.raises(CoreCPUError, match=f"at most {SUM_SLOTS} numbers"):
+        sync.sum_all([1.0] * (SUM_SLOTS + 1))

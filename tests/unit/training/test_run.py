@@ -255,3 +255,17 @@ def test_wrap_runs_a_classifiers_last_layer_at_its_first_token_and_says_so(clean
         assert run.describe()["last_layer"].startswith(expected)
         assert first_token.is_first_token(first_token.last_layer(model)) == (expected == "first-token")
         assert wrapped(input_ids=torch.randint(0, 100, (2, 5))).logits.shape == (2, 2)
+
+
+def test_a_few_numbers_are_summed_through_the_shared_step_where_it_has_memory_for_them(clean_env):
+    # One host's ranks sum through the shared step's memory (shm_sync), not gloo's milliseconds a call; a list
+    # too long for its slots, or a run without the shared step, goes through the process group.
+    from corecpu.distributed.shm_sync import SUM_SLOTS
+
+    calls: list[list[float]] = []
+    with corecpu.setup(precision="fp32", ipex="off") as run:
+        assert run.all_reduce_sum([1.0, 2.0]) == [1.0, 2.0]  # before wrap(): the process group's copy
+        run._wrapped.set(type("Wrapped", (), {"sum_all": lambda self, xs: calls.append(xs) or [2 * x for x in xs]})())
+        assert run.all_reduce_sum([1.0, 2.0]) == [2.0, 4.0]
+        assert run.all_reduce_sum([1.0] * (SUM_SLOTS + 1)) == [1.0] * (SUM_SLOTS + 1)
+    assert calls == [[1.0, 2.0]]
