@@ -126,11 +126,11 @@ class ShmSync:
         for r in behind:
             pid = int(self._pids[r])
             if pid and not self._alive(pid):
-                raise CoreCPUError(f"rank {r} (pid {pid}) ended during the shared optimizer step; "
-                                   "see its output for why")
+                raise CoreCPUError(f"rank {r} (pid {pid}) ended while the other ranks waited for it (their "
+                                   "shared-memory sync); see its output for why")
         if waited > self.timeout_s:
-            raise CoreCPUError(f"ranks {behind} did not reach the shared optimizer step within {self.timeout_s:g} s;"
-                               " a rank is stuck or far slower than the others")
+            raise CoreCPUError(f"ranks {behind} did not reach the ranks' shared-memory sync within "
+                               f"{self.timeout_s:g} s; a rank is stuck or far slower than the others")
 
 
 __all__ = ["SUM_SLOTS", "ShmSync", "usable"]

@@ -1,4 +1,4 @@
-"""The shared-memory barrier and scalar sum of the shared optimizer step: ranks as threads over one set of
+"""The shared-memory barrier and sums of the shared optimizer step: ranks as threads over one set of
 buffers (as /dev/shm gives processes), and a rank that ended or never comes named in one line."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_a_rank_that_ended_is_named():
     counters, values, pids = buffers(2)
     pids[1] = 999_999_999  # the other rank's process, gone
     sync = ShmSync(counters, values, pids, rank=0, timeout_s=60, alive=lambda pid: pid == os.getpid())
-    with pytest.raises(CoreCPUError, match=r"rank 1 \(pid 999999999\) ended during the shared optimizer step"):
+    with pytest.raises(CoreCPUError, match=r"rank 1 \(pid 999999999\) ended while the other ranks waited for it"):
         sync.barrier()
 
 
@@ -50,7 +50,7 @@ def test_a_rank_that_never_comes_times_out_in_one_line():
     counters, values, pids = buffers(2)
     sync = ShmSync(counters, values, pids, rank=0, timeout_s=0.5, alive=lambda pid: True)
     started = time.monotonic()
-    with pytest.raises(CoreCPUError, match=r"ranks \[1\] did not reach the shared optimizer step within 0.5 s"):
+    with pytest.raises(CoreCPUError, match=r"ranks \[1\] did not reach the ranks' shared-memory sync within 0.5 s"):
         sync.barrier()
     assert time.monotonic() - started < 5
 
