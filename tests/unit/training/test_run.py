@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import corecpu
+from corecpu.distributed.shm_sync import SUM_SLOTS
 from corecpu.errors import CoreCPUError
 
 # One process of one under each launcher: setup() must read the launcher and create no process group.
@@ -260,12 +261,17 @@ def test_wrap_runs_a_classifiers_last_layer_at_its_first_token_and_says_so(clean
 def test_a_few_numbers_are_summed_through_the_shared_step_where_it_has_memory_for_them(clean_env):
     # One host's ranks sum through the shared step's memory (shm_sync), not gloo's milliseconds a call; a list
     # too long for its slots, or a run without the shared step, goes through the process group.
-    from corecpu.distributed.shm_sync import SUM_SLOTS
-
     calls: list[list[float]] = []
+
+    class SharedStep:  # wrap()'s result as far as sums go: a stand-in that doubles, so its use shows
+        @staticmethod
+        def sum_all(values: list[float]) -> list[float]:
+            calls.append(values)
+            return [2 * v for v in values]
+
     with corecpu.setup(precision="fp32", ipex="off") as run:
-        assert run.all_reduce_sum([1.0, 2.0]) == [1.0, 2.0]  # before wrap(): the process group's copy
-        run._wrapped.set(type("Wrapped", (), {"sum_all": lambda self, xs: calls.append(xs) or [2 * x for x in xs]})())
+        assert run.all_reduce_sum([1.0, 2.0]) == [1.0, 2.0]  # before wrap(): the process group's (a copy)
+        run._wrapped.set(SharedStep())
         assert run.all_reduce_sum([1.0, 2.0]) == [2.0, 4.0]
         assert run.all_reduce_sum([1.0] * (SUM_SLOTS + 1)) == [1.0] * (SUM_SLOTS + 1)
     assert calls == [[1.0, 2.0]]
