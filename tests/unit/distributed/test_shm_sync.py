@@ -20,6 +20,17 @@ def buffers(world: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.zeros(world, dtype=torch.int64), torch.zeros(world, dtype=torch.float64), torch.zeros(world, dtype=torch.int64)
 
 
+def read_late(sync: ShmSync) -> None:
+    """This rank reads its slots 5 ms after leaving each barrier, while the others may write the next call's."""
+    barrier = sync.barrier
+
+    def late() -> None:
+        barrier()
+        time.sleep(0.005)
+
+    sync.barrier = late  # type: ignore[method-assign]
+
+
 def test_no_rank_passes_a_barrier_before_every_rank_reached_it_and_sums_agree():
     world, rounds = 3, 200
     counters, values, pids = buffers(world)
@@ -82,13 +93,7 @@ def test_every_rank_agrees_on_the_largest_flag_even_when_one_reads_late():
     def rank(r: int) -> None:
         sync = ShmSync(counters, values, pids, rank=r, timeout_s=30, flags=flags)
         if r == 1:
-            barrier = sync.barrier
-
-            def late() -> None:
-                barrier()
-                time.sleep(0.005)
-
-            sync.barrier = late  # type: ignore[method-assign]
+            read_late(sync)
         for k in range(rounds):
             seen[r].append(sync.agree_max(k + 1 if r == 0 else 0))
 
@@ -112,13 +117,7 @@ def test_sums_of_several_numbers_agree_on_every_rank_even_when_one_reads_late():
     def rank(r: int) -> None:
         sync = ShmSync(counters, values, pids, rank=r, timeout_s=30, sums=sums)
         if r == 1:
-            barrier = sync.barrier
-
-            def late() -> None:
-                barrier()
-                time.sleep(0.005)
-
-            sync.barrier = late  # type: ignore[method-assign]
+            read_late(sync)
         for k in range(rounds):
             seen[r].append(sync.sum_all([0.1 * (r + 1), float(k), float(r * k)] if k % 2 else [float(k + r)]))
 
