@@ -15,6 +15,12 @@ padded 16 x 64 training step 3.3% faster, 16 x 112 8%.
 It applies on the thread running corecpu's autocasting forward, under CPU autocast, to masks transformers builds
 through its mask registry (`masking_utils`, transformers 5). transformers' function is wrapped once in that
 registry and behaves as before outside such a forward. Models that build their mask another way keep it.
+
+A mask given to the model ready-made is passed through as it is. corecpu's packed causal-LM batches carry one: a
+(B, 1, T, T) bool mask that keeps packed documents apart (corecpu.data.packing), the form SDPA takes. Eager
+attention would add those booleans to its scores as 0 and 1, so where a model trains with eager attention
+(corecpu.compute.attention) `add_bool_masks_as_numbers` turns such a mask into eager's form before the forward: 0
+where a key may be seen, the dtype's minimum elsewhere, in the dtype the scores are computed in.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 _inside = threading.local()  # `depth`: this thread's open compute-dtype-mask contexts
 _lock = threading.Lock()
 _WRAPPED = "_corecpu_autocast_dtype"  # marks the registry's function as this module's wrapper
+_AS_NUMBERS = "_corecpu_bool_masks_as_numbers"  # marks a model whose bool masks are turned into numbers
 
 
 def _in_autocast_dtype(build: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,4 +73,27 @@ def masks_in_autocast_dtype() -> Iterator[None]:
         _inside.depth -= 1
 
 
-__all__ = ["install", "masks_in_autocast_dtype"]
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool mask (True: may attend) as the numbers eager attention adds to its scores."""
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def add_bool_masks_as_numbers(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Before each forward of `model` while its kernel is eager: a 4-D bool `attention_mask` argument becomes
+    `additive(mask, dtype)`. Installed once per model; False if it already was."""
+    if getattr(model, _AS_NUMBERS, False):
+        return False
+
+    def as_numbers(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        mask = kwargs.get("attention_mask")
+        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.dim() == 4
+                and getattr(getattr(module, "config", None), "_attn_implementation", None) == "eager"):
+            return args, {**kwargs, "attention_mask": additive(mask, dtype)}
+        return None
+
+    model.register_forward_pre_hook(as_numbers, with_kwargs=True)
+    setattr(model, _AS_NUMBERS, True)
+    return True
+
+
+__all__ = ["add_bool_masks_as_numbers", "additive", "install", "masks_in_autocast_dtype"]

@@ -45,9 +45,11 @@ from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
 from corecpu.compute.attention import AttentionChoice
 from corecpu.compute.dropout import DropoutChoice, decide_dropout, has_dropout, uses_gradient_checkpointing
+from corecpu.compute import frozen_casts
 from corecpu.compute.first_token import apply_first_token
 from corecpu.compute.precision import PrecisionChoice, agree_precision, decide_precision, typical_batch_length
 from corecpu.cpu import allocator as _allocator, threads as _threads
+from corecpu.compute.wrappers import unwrap
 from corecpu.cpu.cpulist import format_cpu_list
 from corecpu.cpu.hardware import Extension, read_cpu_features
 from corecpu.cpu.node_plan import NodePlan
@@ -66,6 +68,7 @@ from corecpu.training.checkpoint_state import LoopState
 from corecpu.training.checkpointer import Checkpoints
 from corecpu.training.lifetime import Lifetime
 from corecpu.training.loop_clock import LoopClock
+from corecpu.training.memory_budget import node_budget
 from corecpu.training.run_log import RunLog
 from corecpu.training.run_options import RunOptions
 from corecpu.training.schedule import Schedule
@@ -190,6 +193,7 @@ class Run:
             "grad_clip": (wrapped.clipper.describe() if (wrapped := self._wrapped.get()) and wrapped.clipper
                           else f"{self.options.grad_clip} (settled when the model is wrapped)"),
             "embedding_grad": str(wrapped.embedding_grad) if wrapped else "settled when the model is wrapped",
+            "frozen_casts": str(wrapped.frozen_casts) if wrapped else "settled when the model is wrapped",
             "shard_optimizer": (str(wrapped.shard) if wrapped
                                 else f"{self.options.shard_optimizer} (settled when the model is wrapped)"),
         }
@@ -233,7 +237,7 @@ class Run:
         precision = self.decide_precision(model, loader)
         dropout = self._dropout_for(model)
         attention = self.decide_attention(model, loader, precision, dropout)
-        apply_attention(model, attention)
+        apply_attention(model, attention, precision.autocast_dtype)
         # Resolved choices as they stand once the precision is settled: what a resume compares.
         resolved = {**self.resolved(), "precision": precision.name, "bf16_speedup": precision.bf16_speedup,
                     "source": precision.source, "attention": attention.name, "dropout": dropout.name}
@@ -248,7 +252,11 @@ class Run:
             ddp_hook=self._gradient_path if self.world_size > 1 else None,
             sparse_embedding=self.options.sparse_embedding_allreduce, wire=self.options.allreduce_dtype,
             grad_clip=self.options.grad_clip, shard=shard, share=self._shared_step)
-        self._wrapped.set(dataclasses.replace(wrapped, attention=attention, last_layer=last_layer))
+        # A LoRA run's frozen base: cast to bf16 once, not by autocast in every forward.
+        frozen = frozen_casts.install(unwrap(wrapped.model), precision.autocast_dtype, compile=self.options.compile,
+                                      use_ipex=self.uses_ipex, local_ranks=self.launch.local_world_size,
+                                      budget=node_budget)
+        self._wrapped.set(dataclasses.replace(wrapped, attention=attention, last_layer=last_layer, frozen_casts=frozen))
         return wrapped.model, optimizer
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:

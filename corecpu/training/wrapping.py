@@ -25,10 +25,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from corecpu.compute import attention_mask, ipex as _ipex
-from corecpu.compute.attention import (AttentionChoice, agree_attention, agreed_ratio, remember_attention,
-                                      resolve_attention, switchable)
+from corecpu.compute.attention import (AttentionChoice, agree_attention, agreed_ratio, generates,
+                                      remember_attention, resolve_attention, switchable)
 from corecpu.compute.dropout import DropoutChoice, with_dropout
 from corecpu.compute.first_token import LastLayerChoice
+from corecpu.compute.frozen_casts import FrozenCastChoice
 from corecpu.compute.embedding_grad import EmbeddingGradChoice, install as recycle_embedding_grad
 from corecpu.compute.precision import CalibrationShapes, PrecisionChoice, decide_precision, resolve_precision
 from corecpu.compute.wrappers import unwrap
@@ -67,6 +68,7 @@ class Wrapped:
     embedding_grad: EmbeddingGradChoice = EmbeddingGradChoice("torch", "not decided")  # the word embedding's backward
     shard: ShardChoice = ShardChoice("off", "not decided")  # the optimizer sharded through shared memory, or DDP
     shared: SharedAdamW | None = None  # its step when on
+    frozen_casts: FrozenCastChoice = FrozenCastChoice("off", "not decided")  # frozen Linear weights cast once
 
     @property
     def resumed(self) -> LoopState | None:
@@ -140,11 +142,14 @@ def measure_attention(requested: str, model: torch.nn.Module, shape: tuple[int, 
     return agree_attention(everyone)
 
 
-def apply_attention(model: torch.nn.Module, choice: AttentionChoice) -> None:
-    """Switch the plain model's attention to the agreed kernel (before DDP, compile and IPEX see it)."""
+def apply_attention(model: torch.nn.Module, choice: AttentionChoice, dtype: torch.dtype | None = None) -> None:
+    """Switch the plain model's attention to the agreed kernel (before DDP, compile and IPEX see it). A causal LM on
+    eager attention gets its packed batches' bool masks as numbers in `dtype` (the autocast dtype; None: fp32)."""
     plain = unwrap(model)
     if choice.name in ("sdpa", "eager") and switchable(plain) not in (None, choice.name):
         plain.set_attn_implementation(choice.name)
+    if generates(plain) and getattr(getattr(plain, "config", None), "_attn_implementation", None) == "eager":
+        attention_mask.add_bool_masks_as_numbers(plain, dtype or torch.float32)
 
 
 def wrap_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, scheduler: Any, *,

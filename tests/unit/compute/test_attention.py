@@ -10,7 +10,8 @@ from transformers import (BertConfig, BertForSequenceClassification, GPT2Config,
                           ResNetForImageClassification)
 
 from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, agreed_ratio, decide_attention,
-                                       measure_sdpa_over_eager, remember_attention, resolve_attention, switchable)
+                                       generates, measure_sdpa_over_eager, remember_attention, resolve_attention, switchable)
+from corecpu.compute import attention_mask
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
 
@@ -78,14 +79,19 @@ def test_auto_times_once_then_reads_the_cache(tmp_path) -> None:
     assert len(calls) == 3
 
 
-def test_only_encoders_with_an_sdpa_path_are_switched() -> None:
+def test_models_with_an_sdpa_path_are_switched_causal_lms_too() -> None:
     # An image model's config says "eager" too, but it has no attention; setting sdpa on it raises.
     resnet = ResNetForImageClassification(ResNetConfig(embedding_size=8, hidden_sizes=[8], depths=[1], num_labels=2))
-    assert switchable(resnet) is None
-    # A causal LM's kernel also decides how packed sequences and the cache are masked: transformers' choice stays.
+    assert switchable(resnet) is None and not generates(resnet)
+    # A causal LM is timed on the 4-D bool mask its packed batches carry (eager gets it as numbers).
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=32))
-    assert switchable(gpt2) is None
-    assert resolve_attention("auto", gpt2, read_cpu_features(), 2, 8, False, 1, None).name == "unchanged"
+    assert switchable(gpt2) == "sdpa" and generates(gpt2) and not generates(tiny_bert())
+    seen: list[torch.Tensor] = []
+    gpt2.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True)
+    ratio = measure_sdpa_over_eager(gpt2, batch=2, seq=8, bf16=False, rounds=1)
+    assert 0.05 < ratio < 20 and gpt2.config._attn_implementation == "sdpa"
+    assert {(m.dtype, m.dim()) for m in seen} == {(torch.bool, 4), (torch.float32, 4)}
+    assert all(torch.equal(m, attention_mask.additive(seen[0], torch.float32)) for m in seen if not m.dtype == torch.bool)
 
 
 def test_timing_stays_inside_the_models_positions_and_vocabulary() -> None:

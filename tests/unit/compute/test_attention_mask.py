@@ -80,3 +80,54 @@ def test_fp32_training_is_untouched() -> None:
         plain = model(**batch).logits
         with masks_in_autocast_dtype():  # no autocast: the mask stays fp32, the logits the same bits
             assert torch.equal(model(**batch).logits, plain)
+
+
+def _packed_llama(kernel: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(config)
+    model.set_attn_implementation(kernel)
+    return model
+
+
+def _packed_batch() -> dict[str, torch.Tensor]:
+    from corecpu.data.packing import make_causal_collate
+    from corecpu.data.tokenized import pop_meta
+
+    g = torch.Generator().manual_seed(3)
+    items = [{"input_ids": torch.randint(1, 96, (n1 + n2,), generator=g).tolist(), "loss_mask": [1] * (n1 + n2),
+              "doc_lens": [n1, n2]} for n1, n2 in ((5, 9), (7, 4), (12, 2))]
+    batch = make_causal_collate(0, 0, 16)(items)
+    pop_meta(batch)
+    return batch
+
+
+def test_eager_attention_gets_packed_bool_masks_as_numbers() -> None:
+    batch = _packed_batch()
+    assert batch["attention_mask"].dtype == torch.bool and batch["attention_mask"].dim() == 4
+    sdpa = _packed_llama("sdpa")(**batch).loss
+    eager = _packed_llama("eager")
+    unconverted = eager(**batch).loss  # the booleans added as 0 and 1: packed documents see each other
+    assert attention_mask.add_bool_masks_as_numbers(eager, torch.float32)
+    assert not attention_mask.add_bool_masks_as_numbers(eager, torch.float32)  # once per model
+    converted = eager(**batch).loss
+    assert torch.allclose(converted, sdpa, rtol=1e-5) and not torch.allclose(unconverted, sdpa, rtol=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # under autocast: the mask in bf16, as the scores are
+        bf16 = _packed_llama("eager")
+        attention_mask.add_bool_masks_as_numbers(bf16, torch.bfloat16)
+        assert torch.allclose(bf16(**batch).loss, _packed_llama("sdpa")(**batch).loss, rtol=2e-2)
+    eager.set_attn_implementation("sdpa")  # the hook leaves a model that went back to sdpa alone
+    assert torch.equal(eager(**batch).loss, sdpa)
+    ones = {"input_ids": batch["input_ids"], "attention_mask": torch.ones_like(batch["input_ids"])}
+    eager.set_attn_implementation("eager")  # a 2-D mask is transformers' to build
+    assert torch.equal(eager(**ones).logits, _packed_llama("eager")(**ones).logits)
+
+
+def test_additive_masks_are_zero_where_seen_and_the_minimum_elsewhere() -> None:
+    mask = torch.tensor([[True, False], [True, True]])
+    for dtype in (torch.float32, torch.bfloat16):
+        out = attention_mask.additive(mask, dtype)
+        assert out.dtype == dtype and out[0, 0] == 0 and out[1, 1] == 0 and out[0, 1] == torch.finfo(dtype).min
