@@ -72,7 +72,8 @@ def switchable(model: Any) -> str | None:
 def generates(model: Any) -> bool:
     """A causal LM: its training batches carry corecpu's 4-D packed-document masks (corecpu.data.packing)."""
     can_generate = getattr(model, "can_generate", None)
-    return bool(getattr(getattr(model, "config", None), "is_decoder", False) or (callable(can_generate) and can_generate()))
+    decoder = getattr(getattr(model, "config", None), "is_decoder", False)
+    return bool(decoder or (callable(can_generate) and can_generate()))
 
 
 def decide_attention(requested: str, current: str | None, sdpa_over_eager: float | None = None, *,

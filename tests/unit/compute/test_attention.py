@@ -9,9 +9,10 @@ import torch
 from transformers import (BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, ResNetConfig,
                           ResNetForImageClassification)
 
-from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, agreed_ratio, decide_attention,
-                                       generates, measure_sdpa_over_eager, remember_attention, resolve_attention, switchable)
 from corecpu.compute import attention_mask
+from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, agreed_ratio, decide_attention,
+                                       generates, measure_sdpa_over_eager, remember_attention, resolve_attention,
+                                       switchable)
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
 
@@ -91,7 +92,8 @@ def test_models_with_an_sdpa_path_are_switched_causal_lms_too() -> None:
     ratio = measure_sdpa_over_eager(gpt2, batch=2, seq=8, bf16=False, rounds=1)
     assert 0.05 < ratio < 20 and gpt2.config._attn_implementation == "sdpa"
     assert {(m.dtype, m.dim()) for m in seen} == {(torch.bool, 4), (torch.float32, 4)}
-    assert all(torch.equal(m, attention_mask.additive(seen[0], torch.float32)) for m in seen if not m.dtype == torch.bool)
+    causal = next(m for m in seen if m.dtype == torch.bool)
+    assert all(torch.equal(m, attention_mask.additive(causal, torch.float32)) for m in seen if m.dtype != torch.bool)
 
 
 def test_timing_stays_inside_the_models_positions_and_vocabulary() -> None:
