@@ -22,6 +22,7 @@ attention trained the same step 1.23x faster (2,172 against 2,670 ms, interleave
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import statistics
 import time
@@ -39,6 +40,9 @@ MARGIN = 1.03  # eager must beat SDPA by this much: within run-to-run noise the 
 # first) read eager at 0.83x, 0.91x and 1.25x in three 2-rank LoRA jobs of llama-135m on one 2-vCPU Xeon, where a
 # one-process run read 1.27x: a VM's speed can move by more between two single steps than the kernels differ.
 LONG_STEP_S = 4.0
+# A first step longer than this is not timed further: the kernel stays as transformers chose it (a large causal LM at
+# a long length could otherwise spend minutes of start-up here). --attention eager|sdpa chooses without a timing.
+MAX_TIMED_STEP_S = 30.0
 CACHE_FILE = "attention.json"
 CACHE_VERSION = 2  # 2: the dropout kernel is part of the key (fast dropout makes eager relatively faster)
 KEY_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
@@ -111,12 +115,18 @@ def agreed_ratio(choices: list[AttentionChoice]) -> float | None:
     return min(ratios) if ratios else None
 
 
+class TooLongToTime(RuntimeError):
+    """The timing's first step took longer than it may (MAX_TIMED_STEP_S)."""
+
+
 def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, dropout: str = "torch",
-                            rounds: int = 3) -> float:
+                            rounds: int = 3, max_step_s: float = MAX_TIMED_STEP_S) -> float:
     """SDPA time / eager time of one training forward and backward of `model` on random ids (batch x seq), rounds
     alternating the order, with the dropout kernel training uses (eager's dropout is the fast one where chosen;
     SDPA draws its own). A causal LM gets the causal 4-D bool mask its packed batches carry, in the form each kernel
-    is given it in training. The model's weights, gradients, mode, kernel and the random stream are as they were."""
+    is given it in training, and its logits at the last position only (the head's work is the same for both kernels).
+    Raises TooLongToTime when the first step takes more than `max_step_s`. The model's weights, gradients, mode,
+    kernel and the random stream are as they were."""
     import torch
 
     from corecpu.compute.attention_mask import additive  # imports torch: this module loads without it
@@ -134,23 +144,30 @@ def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, dropou
             g = torch.Generator().manual_seed(0)
             ids = torch.randint(min(5, vocab - 1), vocab, (batch, seq), generator=g)
             masks = {"sdpa": torch.ones_like(ids), "eager": torch.ones_like(ids)}
+            extra: dict[str, Any] = {}
             if generates(model):
                 causal = torch.ones(seq, seq, dtype=torch.bool).tril().expand(batch, 1, seq, seq)
                 masks = {"sdpa": causal, "eager": additive(causal, torch.bfloat16 if bf16 else torch.float32)}
+                base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+                if "logits_to_keep" in inspect.signature(type(base).forward).parameters:
+                    extra["logits_to_keep"] = 1
             model.train()
 
             def one(kernel: str) -> float:
                 model.set_attn_implementation(kernel)
                 start = clock()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16), dropout_context(dropout):
-                    out = model(input_ids=ids, attention_mask=masks[kernel])
+                    out = model(input_ids=ids, attention_mask=masks[kernel], **extra)
                 logits = out.logits if hasattr(out, "logits") else out[0]
                 logits.float().sum().backward()
                 for p in model.parameters():
                     p.grad = None
                 return clock() - start
 
-            warm = one("sdpa") + one("eager")  # first calls pick kernels and grow the allocator
+            first = one("sdpa")  # first calls pick kernels and grow the allocator
+            if first > max_step_s:
+                raise TooLongToTime(f"one step took {first:.0f} s")
+            warm = first + one("eager")
             rounds = rounds if warm < LONG_STEP_S else min(rounds, 2)  # a large model: four more steps
             times: dict[str, list[float]] = {"sdpa": [], "eager": []}
             for r in range(rounds):
@@ -223,6 +240,9 @@ def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: 
                        "once per CPU model and shape)"):
         try:
             ratio = measure(model, batch, seq, bf16, dropout)
+        except TooLongToTime as exc:
+            return AttentionChoice(current, f"kept: {exc}, too long to time at start-up (--attention sdpa|eager "
+                                            "chooses without a timing)", source="model")
         except (ValueError, NotImplementedError, RuntimeError, IndexError) as exc:  # a model this timing cannot run
             return AttentionChoice(current, f"kept: timing failed ({type(exc).__name__}: {str(exc)[:80]})",
                                    source="model")
@@ -233,5 +253,6 @@ def resolve_attention(requested: str, model: Any, features: CpuFeatures, batch: 
     return decide_attention("auto", current, ratio)
 
 
-__all__ = ["ATTENTION_CHOICES", "AttentionChoice", "agree_attention", "agreed_ratio", "decide_attention",
-           "generates", "measure_sdpa_over_eager", "remember_attention", "resolve_attention", "switchable"]
+__all__ = ["ATTENTION_CHOICES", "MAX_TIMED_STEP_S", "AttentionChoice", "TooLongToTime", "agree_attention",
+           "agreed_ratio", "decide_attention", "generates", "measure_sdpa_over_eager", "remember_attention",
+           "resolve_attention", "switchable"]

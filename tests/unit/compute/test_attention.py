@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ from transformers import (BertConfig, BertForSequenceClassification, GPT2Config,
 
 from corecpu.compute import attention_mask
 from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, agreed_ratio, decide_attention,
-                                       generates, measure_sdpa_over_eager, remember_attention, resolve_attention,
-                                       switchable)
+                                       TooLongToTime, generates, measure_sdpa_over_eager, remember_attention,
+                                       resolve_attention, switchable)
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
 
@@ -88,12 +89,29 @@ def test_models_with_an_sdpa_path_are_switched_causal_lms_too() -> None:
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=32))
     assert switchable(gpt2) == "sdpa" and generates(gpt2) and not generates(tiny_bert())
     seen: list[torch.Tensor] = []
+    heads: list[int] = []
     gpt2.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True)
+    gpt2.register_forward_hook(lambda m, args, out: heads.append(out.logits.shape[1]))
     ratio = measure_sdpa_over_eager(gpt2, batch=2, seq=8, bf16=False, rounds=1)
     assert 0.05 < ratio < 20 and gpt2.config._attn_implementation == "sdpa"
     assert {(m.dtype, m.dim()) for m in seen} == {(torch.bool, 4), (torch.float32, 4)}
     causal = next(m for m in seen if m.dtype == torch.bool)
+    assert causal.shape == (2, 1, 8, 8) and torch.equal(causal[0, 0], torch.ones(8, 8, dtype=torch.bool).tril())
     assert all(torch.equal(m, attention_mask.additive(causal, torch.float32)) for m in seen if m.dtype != torch.bool)
+    assert set(heads) == {1}  # the head's work is the same for both kernels: logits at the last position only
+
+
+def test_a_model_too_slow_to_time_keeps_its_kernel(tmp_path: Path) -> None:
+    model = tiny_bert()
+    with pytest.raises(TooLongToTime, match="one step took"):
+        measure_sdpa_over_eager(model, batch=1, seq=8, bf16=False, rounds=1, max_step_s=0.0)
+    assert model.config._attn_implementation == "sdpa" and all(p.grad is None for p in model.parameters())
+
+    def slow(*args: object) -> float:
+        raise TooLongToTime("one step took 41 s")
+    choice = resolve_attention("auto", model, read_cpu_features(), 4, 16, False, 1, tmp_path, measure=slow)
+    assert (choice.name, choice.source) == ("sdpa", "model") and "41 s, too long to time" in choice.reason
+    assert not (tmp_path / "attention.json").exists()  # nothing cached: a later run may time it
 
 
 def test_timing_stays_inside_the_models_positions_and_vocabulary() -> None:
