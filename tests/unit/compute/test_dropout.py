@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corecpu.compute.counter_random import random_int16
 from corecpu.compute.dropout import (DropoutChoice, decide_dropout, drop_threshold, dropout_context, fast_dropout,
                                      with_dropout)
 
@@ -30,6 +31,19 @@ def test_drops_with_probability_p_in_every_lane_and_keeps_the_mean(p: float) -> 
     rounded = drop_threshold(p) / 65536
     assert torch.all(out[~dropped] == 1 / (1 - rounded))
     assert abs(out.double().mean().item() - 1.0) < 5 * (p / (1 - p) / n) ** 0.5  # unbiased
+
+
+@pytest.mark.parametrize("p", [0.05, 0.5, 1 - 1 / 65536])
+def test_an_element_is_kept_exactly_where_its_16_bits_reach_the_threshold(p: float) -> None:
+    """Off by one in the comparison would move p by 1/65536: no rate test sees that, this one does."""
+    n = 1 << 17  # hashed, not drawn serially
+    torch.manual_seed(3)
+    values = random_int16(n).int() + 32768  # the same draw fast_dropout makes, as 0..65535
+    torch.manual_seed(3)
+    out = fast_dropout(torch.ones(n), p)
+    dropped = drop_threshold(p)
+    assert torch.equal(out != 0, values >= dropped)
+    assert (values == dropped).any() and (values == dropped - 1).any()  # both sides of the boundary are checked
 
 
 def test_backward_multiplies_by_the_same_mask_and_dtype_and_strides_are_kept() -> None:

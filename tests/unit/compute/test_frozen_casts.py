@@ -1,6 +1,6 @@
 """corecpu.compute.frozen_casts: a LoRA run's frozen Linear weights cast to bf16 once give the losses, gradients and
 evaluations of autocast's cast in every forward, bit for bit; a written weight is cast again; fp32 calls, trainable
-weights and tied weights keep their own path; the copies are made only where they fit."""
+weights keep their own path; peft's merges are seen; the copies are made only where they fit."""
 
 from __future__ import annotations
 
@@ -53,13 +53,47 @@ def _train(model: torch.nn.Module, steps: int = 3) -> tuple[list[float], list[fl
 def test_lora_training_and_evaluation_match_autocast_bit_for_bit() -> None:
     plain, cached = _lora_model(), _lora_model()
     choice = install(cached, BF16, compile=False, use_ipex=False, local_ranks=2, budget=_roomy)
-    # 2 layers x 7 projections; the LM head shares the input embedding and is left to autocast
-    assert choice.name == "bf16" and "14 frozen Linear weights" in choice.reason
-    assert "forward" not in vars(cached.get_base_model().lm_head)
+    # 2 layers x 7 projections, and the LM head that shares the input embedding
+    assert choice.name == "bf16" and "15 frozen Linear weights" in choice.reason
+    head = cached.get_base_model().lm_head
+    assert "forward" in vars(head) and head.weight is cached.get_base_model().model.embed_tokens.weight
     a, b = _train(plain), _train(cached)
     assert a[0] == b[0] and a[1] == b[1]  # every step's loss and every evaluation, exactly
     assert a[0][0] != a[0][-1]  # the adapters trained
     assert a[2].keys() == b[2].keys() and all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
+def _outputs(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        return model(**_batch(200)).logits
+
+
+def test_peft_merging_and_unmerging_the_adapters_is_seen() -> None:
+    """peft writes merges through `.data`: a copy kept across one would drop the adapters from the output."""
+    plain, cached = _lora_model(), _lora_model()
+    install(cached, BF16, compile=False, use_ipex=False, local_ranks=1, budget=_roomy)
+    _train(plain), _train(cached)
+    unmerged = _outputs(cached)
+    assert torch.equal(unmerged, _outputs(plain))
+    for model in (plain, cached):
+        model.merge_adapter()
+    merged = _outputs(cached)
+    assert torch.equal(merged, _outputs(plain)) and not torch.equal(merged, unmerged)
+    for model in (plain, cached):
+        model.unmerge_adapter()
+    assert torch.equal(_outputs(cached), _outputs(plain))
+    unloaded = [model.merge_and_unload() for model in (plain, cached)]
+    assert torch.equal(_outputs(unloaded[1]), _outputs(unloaded[0]))
+
+
+def test_a_weight_put_in_place_of_the_old_one_is_used() -> None:
+    layer, x = _linear(), torch.randn(4, 16)
+    install(layer, BF16, compile=False, use_ipex=False, local_ranks=1, budget=_roomy)
+    with torch.autocast("cpu", dtype=BF16):
+        layer(x)
+    layer.weight = torch.nn.Parameter(layer.weight.detach() * 3, requires_grad=False)
+    with torch.autocast("cpu", dtype=BF16):
+        assert torch.equal(layer(x), _autocast(layer, x))
 
 
 def _linear() -> torch.nn.Linear:
@@ -117,7 +151,7 @@ def test_which_layers_and_when() -> None:
     model = _lora_model()
     base = model.get_base_model()
     chosen = candidates(model)
-    assert base.lm_head not in chosen and len(chosen) == 14  # tied to the input embedding
+    assert base.lm_head in chosen and len(chosen) == 15  # the head tied to the input embedding too
     assert all(not m.weight.requires_grad for m in chosen)
     trained = torch.nn.Linear(4, 4)
     assert candidates(trained) == []
