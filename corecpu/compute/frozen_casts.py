@@ -16,9 +16,12 @@ merged into it (peft writes merges through `.data`, unseen by the counter); afte
 again, once. A write through `.data` elsewhere is not seen, as autograd does not see it either. A weight made trainable again goes back to autocast's own cast, and so does any forward outside bf16
 autocast (fp32 evaluation, a user's own fp32 call), which uses the fp32 weight as before.
 
-The copies cost 2 bytes a frozen element on every rank (the fp32 weights are kept: checkpoints, exports and fp32
-calls read them). They are made only where every local rank's copies together take at most FIT_SHARE of the memory
-this host has available (`memory_budget.node_budget`); otherwise autocast casts as before, and config.json says so.
+The copies cost 2 bytes a frozen element (the fp32 weights are kept: checkpoints, exports and fp32 calls read
+them). With several ranks on a host, the host's first rank casts them once into /dev/shm and every rank of the host
+maps that one copy (corecpu.distributed.host_copy), as the ranks already share the fp32 base through the page cache;
+a rank that finds a weight changed casts a private copy of it. Where /dev/shm lacks room, each rank makes its own.
+The copies are made only where they fit in FIT_SHARE of the memory this host has available (one copy, or every
+local rank's; `memory_budget.node_budget`); otherwise autocast casts as before, and config.json says so.
 Not under torch.compile (its graph would hold the patched forward) or IPEX (which replaces the modules). A frozen
 LM head tied to the input embedding gets a copy too: with Llama 3's vocabulary and a 2,048-wide model that head is
 263M elements: 1 GB read and 0.5 GB written by every forward's cast.
@@ -62,16 +65,21 @@ def fits(copy_bytes: int, local_ranks: int, limit: int | None, available: int | 
     return not budgets or local_ranks * copy_bytes <= FIT_SHARE * min(budgets)
 
 
-def _cached_forward(module: torch.nn.Linear, dtype: torch.dtype,
-                    owner: torch.nn.Module | None) -> Callable[[torch.Tensor], Any]:
-    kept: dict[str, Any] = {"copy": None, "made": None}  # the copy and the weight state it was made from
+def _cached_forward(module: torch.nn.Linear, dtype: torch.dtype, owner: torch.nn.Module | None,
+                    preset: torch.Tensor | None = None) -> Callable[[torch.Tensor], Any]:
+    """The patched forward; `preset`: a copy already made (shared by the host's ranks) of the weight as it is now."""
+    def state(weight: torch.Tensor) -> tuple[int, int, tuple[str, ...]]:
+        return weight._version, weight.data_ptr(), tuple(owner.merged_adapters) if owner is not None else ()
+
+    # The copy and the weight state it was made from. A change casts a private copy: a shared one is never written.
+    kept: dict[str, Any] = {"copy": preset, "made": state(module.weight) if preset is not None else None}
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         weight = module.weight  # looked up each call: a tie_weights() or an assignment may put another there
         if (weight.requires_grad or not torch.is_autocast_enabled("cpu")
                 or torch.get_autocast_dtype("cpu") != dtype):
             return F.linear(x, weight, module.bias)
-        made = (weight._version, weight.data_ptr(), tuple(owner.merged_adapters) if owner is not None else ())
+        made = state(weight)
         if kept["made"] != made:
             with torch.no_grad():
                 kept["copy"] = weight.detach().to(dtype)
@@ -81,10 +89,26 @@ def _cached_forward(module: torch.nn.Linear, dtype: torch.dtype,
     return forward
 
 
+def _fill(buffer: torch.Tensor, layers: list[torch.nn.Linear]) -> None:
+    """Cast every layer's weight into its slice of `buffer`, in order (the same round-to-nearest as autocast's)."""
+    start = 0
+    with torch.no_grad():
+        for m in layers:
+            n = m.weight.numel()
+            buffer[start:start + n].view_as(m.weight).copy_(m.weight)
+            start += n
+
+
+# share(elements, dtype, fill, ok): collective; a buffer that the host's first rank filled with fill(buffer), shared
+# by the host's ranks, or None on every rank (corecpu.distributed.host_copy).
+Share = Callable[[int, torch.dtype, Callable[[torch.Tensor], None], bool], "torch.Tensor | None"]
+
+
 def install(model: torch.nn.Module, dtype: torch.dtype | None, *, compile: bool, use_ipex: bool, local_ranks: int,
-            budget: Callable[[int], tuple[int | None, int | None]]) -> FrozenCastChoice:
+            budget: Callable[[int], tuple[int | None, int | None]], share: Share | None = None) -> FrozenCastChoice:
     """Give `model`'s frozen Linear weights kept copies in the autocast `dtype` (None: no autocast) where the module
-    docstring says; the decision either way. `budget(local_ranks)`: (cgroup limit, available bytes)."""
+    docstring says; the decision either way. `budget(local_ranks)`: (cgroup limit, available bytes). `share`: one
+    copy for a host's ranks (collective: every rank reaches it alike, as the model is the same on every rank)."""
     if dtype is None:
         return FrozenCastChoice("off", "no autocast: the weights are used as they are")
     if compile:
@@ -96,15 +120,24 @@ def install(model: torch.nn.Module, dtype: torch.dtype | None, *, compile: bool,
         return FrozenCastChoice("off", "no frozen Linear weights")
     elements = sum(m.weight.numel() for m in chosen)
     size = elements * torch.empty((), dtype=dtype).element_size()
-    if not fits(size, local_ranks, *budget(local_ranks)):
+    limit, available = budget(local_ranks)
+    shared = (share(elements, dtype, lambda buffer: _fill(buffer, chosen), fits(size, 1, limit, available))
+              if share is not None else None)
+    if shared is None and not fits(size, local_ranks, limit, available):
         return FrozenCastChoice("off", f"{local_ranks} x {size / 2**20:.0f} MB of copies would take more than "
                                        f"{FIT_SHARE:.0%} of the memory available; autocast casts them each forward")
     owners = _merge_owners(model)
+    start = 0
     for m in chosen:
-        m.forward = _cached_forward(m, dtype, owners.get(id(m)))  # type: ignore[method-assign]
+        n = m.weight.numel()
+        preset = shared[start:start + n].view_as(m.weight) if shared is not None else None
+        m.forward = _cached_forward(m, dtype, owners.get(id(m)), preset)  # type: ignore[method-assign]
+        start += n
+    held = (f"one copy in /dev/shm for the host's {local_ranks} ranks" if shared is not None
+            else "a copy a rank" if local_ranks > 1 else "one copy")
     return FrozenCastChoice(str(dtype).removeprefix("torch.").replace("bfloat16", "bf16"),
                             f"{len(chosen)} frozen Linear weights ({elements / 1e6:.1f}M elements, "
-                            f"{size / 2**20:.0f} MB a rank) cast once, not in every forward")
+                            f"{size / 2**20:.0f} MB, {held}) cast once, not in every forward")
 
 
 __all__ = ["FIT_SHARE", "FrozenCastChoice", "candidates", "fits", "install"]

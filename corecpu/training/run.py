@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -58,6 +59,7 @@ from corecpu.data.sampling import EvalShardSampler, train_sampler
 from corecpu.distributed import gradient_path
 from corecpu.distributed import process_group as _pg
 from corecpu.distributed.allreduce import GradientAllreduce, choose_allreduce, make_gradient_allreduce
+from corecpu.distributed.host_copy import host_copy
 from corecpu.distributed.shard_choice import decide as decide_shard, unsupported as unsupported_shard
 from corecpu.distributed.shared_adamw import SharedAdamW
 from corecpu.distributed.shm_sync import SUM_SLOTS
@@ -255,7 +257,8 @@ class Run:
         # A LoRA run's frozen base: cast to bf16 once, not by autocast in every forward.
         frozen = frozen_casts.install(unwrap(wrapped.model), precision.autocast_dtype, compile=self.options.compile,
                                       use_ipex=self.uses_ipex, local_ranks=self.launch.local_world_size,
-                                      budget=node_budget)
+                                      budget=node_budget, share=functools.partial(
+                                          host_copy, rank=self.rank, gather=self.gather, barrier=self.barrier))
         self._wrapped.set(dataclasses.replace(wrapped, attention=attention, last_layer=last_layer, frozen_casts=frozen))
         return wrapped.model, optimizer
 

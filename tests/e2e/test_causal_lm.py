@@ -142,6 +142,18 @@ def test_one_rank_of_8_equals_two_ranks_of_4_with_packing(tmp_path):
     assert all(r["padding"] < 0.5 for r in a)
 
 
+def test_two_lora_ranks_in_bf16_share_one_cast_copy_of_the_frozen_base(tmp_path):
+    """corecpu.compute.frozen_casts through corecpu.distributed.host_copy: one bf16 copy in /dev/shm for the host,
+    its name gone once mapped."""
+    out = tmp_path / "shared"
+    before = {p.name for p in Path("/dev/shm").glob("corecpu-*-copy")}
+    launch(2, "--task", "causal-lm", "--precision", "bf16", "--progress", "off", "--lora-r", "4", "--max-steps", "3",
+           "--eval-data", "none", "--output-dir", str(out), timeout=600)
+    decision = json.loads((out / "config.json").read_text())["decisions"]["frozen_casts"]
+    assert decision.startswith("bf16") and "one copy in /dev/shm for the host's 2 ranks" in decision, decision
+    assert {p.name for p in Path("/dev/shm").glob("corecpu-*-copy")} == before
+
+
 def test_a_killed_lora_run_resumes_with_identical_losses(tmp_path):
     """Packed rows, LoRA dropout (its random state per rank restored), grad-accum 2 across epoch boundaries."""
     rows = [{"prompt": p, "completion": c} for p, c in _rows(120)]

@@ -185,3 +185,58 @@ def test_installing_twice_patches_nothing_more() -> None:
     assert candidates(model) == []
     assert install(model, BF16, compile=False, use_ipex=False, local_ranks=1,
                    budget=_roomy).reason == "no frozen Linear weights"
+
+
+class _HostShare:
+    """A stand-in for corecpu.distributed.host_copy in one process: a buffer filled as the host's first rank would."""
+
+    def __init__(self, give: bool = True) -> None:
+        self.give, self.asked, self.buffer = give, [], None
+
+    def __call__(self, numel: int, dtype: torch.dtype, fill, ok: bool) -> torch.Tensor | None:
+        self.asked.append(ok)
+        if not (self.give and ok):
+            return None
+        self.buffer = torch.full((numel,), float("nan"), dtype=dtype)
+        fill(self.buffer)
+        return self.buffer
+
+
+def test_a_host_shared_copy_trains_bit_for_bit_and_is_what_the_forward_reads() -> None:
+    plain, shared = _lora_model(), _lora_model()
+    share = _HostShare()
+    choice = install(shared, BF16, compile=False, use_ipex=False, local_ranks=2, budget=_roomy, share=share)
+    assert share.asked == [True] and "one copy in /dev/shm for the host's 2 ranks" in choice.reason
+    assert not share.buffer.isnan().any()  # every weight's slice was filled
+    a, b = _train(plain), _train(shared)
+    assert a[0] == b[0] and a[1] == b[1] and all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+    before = _outputs(shared)
+    share.buffer.mul_(0.5)  # the forward multiplies by the host's copy, not by a private one
+    assert not torch.equal(_outputs(shared), before)
+
+
+def test_a_weight_written_after_sharing_gets_a_private_copy_and_the_shared_one_is_left() -> None:
+    layer, x = _linear(), torch.randn(4, 16)
+    share = _HostShare()
+    install(layer, BF16, compile=False, use_ipex=False, local_ranks=4, budget=_roomy, share=share)
+    kept = share.buffer.clone()
+    with torch.no_grad():
+        layer.weight.mul_(3)
+    with torch.autocast("cpu", dtype=BF16):
+        assert torch.equal(layer(x), _autocast(layer, x))
+    assert torch.equal(share.buffer, kept)  # the other ranks still read the weight as it was on their side
+
+
+def test_without_a_shared_copy_each_rank_keeps_its_own_where_they_fit() -> None:
+    model, share = _lora_model(), _HostShare(give=False)
+    assert "a copy a rank" in install(model, BF16, compile=False, use_ipex=False, local_ranks=2, budget=_roomy,
+                                      share=share).reason
+    one = sum(m.weight.numel() for m in candidates(_lora_model())) * 2
+    # Room for one copy, not for two: the host's rank may share (ok), and without sharing nothing is patched.
+    tight, share = _lora_model(), _HostShare(give=False)
+    choice = install(tight, BF16, compile=False, use_ipex=False, local_ranks=2, budget=lambda n: (None, 3 * one),
+                     share=share)
+    assert share.asked == [True] and choice.name == "off"
+    shared, share = _lora_model(), _HostShare()
+    assert install(shared, BF16, compile=False, use_ipex=False, local_ranks=2, budget=lambda n: (None, 3 * one),
+                   share=share).name == "bf16"
