@@ -33,11 +33,12 @@ def leaders(hosts: Sequence[str]) -> list[int]:
 
 
 def shm_free(shm_dir: Path = SHM_DIR) -> int:
+    """Bytes this process may write into `shm_dir` (0: none, or the directory is missing or not writable)."""
     try:
         st = os.statvfs(shm_dir)
     except OSError:
         return 0
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize if os.access(shm_dir, os.W_OK) else 0
 
 
 def host_copy(numel: int, dtype: torch.dtype, fill: Callable[[torch.Tensor], None], ok: bool, *, rank: int,

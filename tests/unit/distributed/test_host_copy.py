@@ -3,6 +3,7 @@ by every rank of that host, nothing left in the directory; no rank shares where 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -93,3 +94,11 @@ def test_no_rank_shares_where_any_rank_cannot(tmp_path: Path, case: str) -> None
 def test_exactly_enough_room_shares(tmp_path: Path) -> None:
     buffers, _ = _copy(tmp_path, ["a", "a"], free=int(ROOM * 2000))
     assert all(b is not None for b in buffers)
+
+
+def test_room_is_what_this_process_may_write(tmp_path: Path) -> None:
+    from corecpu.distributed.host_copy import shm_free
+    assert shm_free(tmp_path) > 0 and shm_free(tmp_path / "missing") == 0
+    if os.geteuid() != 0:  # root writes anywhere
+        tmp_path.chmod(0o500)
+        assert shm_free(tmp_path) == 0
