@@ -4,17 +4,19 @@ Under bf16 autocast every Linear casts its fp32 weight to bf16 before its matmul
 weight from memory (4 bytes read, 2 written an element). A trained weight changes every step, so that cast is the
 step's (corecpu.distributed.cast_cache makes it once per step on the shared step). A frozen one never changes, yet
 autocast casts it again in every micro-step and every evaluation batch; in a LoRA run that is the whole base model.
-Here each frozen plain `nn.Linear` keeps a bf16 copy made on its first forward under bf16 autocast, and its forward
-passes that copy to `F.linear`, which autocast then takes as it is. The copy is made with the same round-to-nearest
-conversion autocast makes, so every matmul sees the same bits: the losses and gradients are those of the plain run
-(tested). A LoRA step of llama-135m (4 packed rows of 128 tokens, 2 threads, a 2-vCPU Xeon with AMX) took 1,133 ms
-against 1,265 (7 interleaved steps, medians; the same loss to the last bit): 1.12x.
+Here each frozen plain `nn.Linear` keeps a bf16 copy (made at install where the host's ranks share it, else on its
+first forward under bf16 autocast), and its forward passes that copy to `F.linear`, which autocast then takes as
+it is. The copy is made with the same round-to-nearest conversion autocast makes, so every matmul sees the same
+bits: the losses and gradients are those of the plain run (tested). A LoRA step of llama-135m (4 packed rows of 128
+tokens, 2 threads, a 2-vCPU Xeon with AMX) took 1,133 ms against 1,265 (7 interleaved steps, medians; the same loss
+to the last bit): 1.12x.
 
 The copy is used only while the weight is the one it was made from: its version counter (bumped by any in-place
 write through the parameter, `load_state_dict` included), its storage, and for a peft base layer which adapters are
 merged into it (peft writes merges through `.data`, unseen by the counter); after a change the next forward casts it
-again, once. A write through `.data` elsewhere is not seen, as autograd does not see it either. A weight made trainable again goes back to autocast's own cast, and so does any forward outside bf16
-autocast (fp32 evaluation, a user's own fp32 call), which uses the fp32 weight as before.
+again, once. A write through `.data` elsewhere is not seen, as autograd does not see it either. A weight made
+trainable again goes back to autocast's own cast, and so does any forward outside bf16 autocast (fp32 evaluation, a
+user's own fp32 call), which uses the fp32 weight as before.
 
 The copies cost 2 bytes a frozen element (the fp32 weights are kept: checkpoints, exports and fp32 calls read
 them). With several ranks on a host, the host's first rank casts them once into /dev/shm and every rank of the host
