@@ -91,14 +91,19 @@ def _cached_forward(module: torch.nn.Linear, dtype: torch.dtype, owner: torch.nn
     return forward
 
 
+def _slices(buffer: torch.Tensor, layers: list[torch.nn.Linear]) -> list[torch.Tensor]:
+    """Each layer's weight-shaped slice of the flat `buffer`, in order."""
+    bounds = [0]
+    for m in layers:
+        bounds.append(bounds[-1] + m.weight.numel())
+    return [buffer[lo:hi].view_as(m.weight) for m, lo, hi in zip(layers, bounds, bounds[1:])]
+
+
 def _fill(buffer: torch.Tensor, layers: list[torch.nn.Linear]) -> None:
-    """Cast every layer's weight into its slice of `buffer`, in order (the same round-to-nearest as autocast's)."""
-    start = 0
+    """Cast every layer's weight into its slice of `buffer` (the same round-to-nearest as autocast's)."""
     with torch.no_grad():
-        for m in layers:
-            n = m.weight.numel()
-            buffer[start:start + n].view_as(m.weight).copy_(m.weight)
-            start += n
+        for m, view in zip(layers, _slices(buffer, layers)):
+            view.copy_(m.weight)
 
 
 # share(elements, dtype, fill, ok): collective; a buffer that the host's first rank filled with fill(buffer), shared
@@ -129,12 +134,9 @@ def install(model: torch.nn.Module, dtype: torch.dtype | None, *, compile: bool,
         return FrozenCastChoice("off", f"{local_ranks} x {size / 2**20:.0f} MB of copies would take more than "
                                        f"{FIT_SHARE:.0%} of the memory available; autocast casts them each forward")
     owners = _merge_owners(model)
-    start = 0
-    for m in chosen:
-        n = m.weight.numel()
-        preset = shared[start:start + n].view_as(m.weight) if shared is not None else None
+    presets = _slices(shared, chosen) if shared is not None else [None] * len(chosen)
+    for m, preset in zip(chosen, presets):
         m.forward = _cached_forward(m, dtype, owners.get(id(m)), preset)  # type: ignore[method-assign]
-        start += n
     held = (f"one copy in /dev/shm for the host's {local_ranks} ranks" if shared is not None
             else "a copy a rank" if local_ranks > 1 else "one copy")
     return FrozenCastChoice(str(dtype).removeprefix("torch.").replace("bfloat16", "bf16"),

@@ -4,7 +4,6 @@ by every rank of that host, nothing left in the directory; no rank shares where 
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 
 from corecpu.distributed.host_copy import ROOM, host_copy, leaders
+from helpers.thread_ranks import Group, run_ranks
 
 
 def test_each_rank_is_led_by_the_lowest_rank_of_its_host() -> None:
@@ -22,36 +22,18 @@ def test_each_rank_is_led_by_the_lowest_rank_of_its_host() -> None:
 
 def _ranks(hosts: list[str], body: Callable[[int, Callable[[Any], list[Any]], Callable[[], None]], Any]) -> list[Any]:
     """Threads as ranks: body(rank, gather, barrier) on each, their results in rank order."""
-    n = len(hosts)
-    wall = threading.Barrier(n, timeout=30)
-    slots: list[Any] = [None] * n
-    out: list[Any] = [None] * n
-    errors: list[BaseException] = []
+    group, slots = Group(len(hosts)), [None] * len(hosts)
 
     def gather(rank: int) -> Callable[[Any], list[Any]]:
         def run(obj: Any) -> list[Any]:
             slots[rank] = obj
-            wall.wait()
+            group.barrier()
             seen = list(slots)
-            wall.wait()
+            group.barrier()
             return seen
         return run
 
-    def main(rank: int) -> None:
-        try:
-            out[rank] = body(rank, gather(rank), wall.wait)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-            wall.abort()
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    return run_ranks(len(hosts), group, lambda rank: body(rank, gather(rank), group.barrier))
 
 
 def _copy(tmp_path: Path, hosts: list[str], *, ok: Callable[[int], bool] = lambda r: True,
