@@ -59,8 +59,13 @@ def has_dropout(model: torch.nn.Module) -> bool:
     """Whether training `model` draws any dropout mask: an nn.Dropout with p > 0, or a config's attention dropout."""
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return True
-    config = getattr(model, "config", None)
-    return any(isinstance(v := getattr(config, name, 0), (int, float)) and v > 0 for name in _CONFIG_DROPOUTS)
+    return config_attention_dropout(getattr(model, "config", None)) > 0
+
+
+def config_attention_dropout(config: Any) -> float:
+    """The attention dropout probability a Hugging Face config gives its attention functions (0.0 for none)."""
+    return max([float(v) for name in _CONFIG_DROPOUTS
+                if isinstance(v := getattr(config, name, 0), (int, float)) and not isinstance(v, bool)] + [0.0])
 
 
 def decide_dropout(requested: str, compile: bool, checkpointing: bool = False, dropout: bool = True) -> DropoutChoice:

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset
 from corecpu import envvars
 from corecpu.cluster.launchers import LaunchInfo, detect_launcher
 from corecpu.compute import ipex as _ipex
-from corecpu.compute.attention import AttentionChoice
+from corecpu.compute.attention import AttentionChoice, scores_room
 from corecpu.compute.dropout import DropoutChoice, decide_dropout, has_dropout, uses_gradient_checkpointing
 from corecpu.compute import frozen_casts
 from corecpu.compute.first_token import apply_first_token
@@ -297,9 +297,11 @@ class Run:
                          precision: PrecisionChoice, dropout: DropoutChoice | None = None) -> AttentionChoice:
         """sdpa or eager attention for `model` (wrap() settles it with this). A collective for more than one rank:
         every rank times both on its own cores, and eager is kept only if every rank found it faster."""
+        local = self.launch.local_world_size
         return measure_attention(self.options.attention, model, calibration_shape(model, loader), precision,
                                  self.threads, agree=self.gather if self.world_size > 1 else lambda c: [c],
-                                 dropout=dropout or self._dropout_for(model))
+                                 dropout=dropout or self._dropout_for(model),
+                                 room=scores_room(local, *node_budget(local)))
 
     def _dropout_for(self, model: torch.nn.Module) -> DropoutChoice:
         return decide_dropout(self.options.dropout, self.options.compile, uses_gradient_checkpointing(model),

@@ -47,7 +47,6 @@ from corecpu.training.clipping import GradientClipper
 # torch 2.13 renamed DDP's broadcast_buffers (deprecated) to forward_sync_buffers; IPEX 2.8 needs torch 2.8.
 _DDP_HAS_FORWARD_SYNC = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
 DEFAULT_SHAPE = (16, 64)  # (batch, tokens) calibrated when no loader says better: a typical fine-tuning batch
-ATTENTION_BATCH = 4  # examples the attention kernels are timed on (16 took 5.4 s for MiniLM on one Xeon core)
 
 T = TypeVar("T")
 
@@ -129,15 +128,12 @@ def measure_precision(requested: str, model: torch.nn.Module, shape: tuple[int, 
 
 def measure_attention(requested: str, model: torch.nn.Module, shape: tuple[int, int], precision: PrecisionChoice,
                       threads: int, agree: Callable[[AttentionChoice], list[AttentionChoice]],
-                      dropout: DropoutChoice) -> AttentionChoice:
+                      dropout: DropoutChoice, room: int | None = None) -> AttentionChoice:
     """The attention kernel for `model` (see corecpu.compute.attention): this rank's timing, `agree` (every rank's
-    choice, a collective for more than one), then the agreed ratio cached where this rank timed afresh. Timed on at
-    most ATTENTION_BATCH examples: each does the same work, so the ratio holds, and a first run pays 1 s, not 5. (A
-    causal LM timed on one row read eager at 1.01x in a 2-rank LoRA job of llama-135m where 4 rows read 1.06x, and
-    1.05-1.10x in one process where 4 rows read 1.10-1.15x: a row is too little work to time the kernels on.)"""
-    args = (unwrap(model), read_cpu_features(), min(shape[0], ATTENTION_BATCH), shape[1], precision.name == "bf16",
-            threads)
-    mine = resolve_attention(requested, *args, store=False, dropout=dropout.name)
+    choice, a collective for more than one), then the agreed ratio cached where this rank timed afresh. `room`: the
+    bytes eager attention's scores may take on this rank (None: unknown)."""
+    args = (unwrap(model), read_cpu_features(), shape[0], shape[1], precision.name == "bf16", threads)
+    mine = resolve_attention(requested, *args, store=False, dropout=dropout.name, room=room)
     everyone = agree(mine)
     if mine.source == "measured" and (ratio := agreed_ratio(everyone)) is not None:
         remember_attention(ratio, *args, dropout=dropout.name)

@@ -1,4 +1,4 @@
-"""corecpu.compute.attention: sdpa or eager attention, decided by timing the model itself, cached."""
+"""corecpu.compute.attention: sdpa or eager attention, decided by timing an attention layer (or the model), cached."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from transformers import (BertConfig, BertForSequenceClassification, GPT2Config,
                           ResNetForImageClassification)
 
 from corecpu.compute import attention_mask
-from corecpu.compute.attention import (MARGIN, AttentionChoice, agree_attention, agreed_ratio, decide_attention,
-                                       TooLongToTime, generates, measure_sdpa_over_eager, remember_attention,
-                                       resolve_attention, switchable)
+from corecpu.compute.attention import (LAYER_MIN_ROUNDS, MARGIN, SCORES_SHARE, AttentionChoice, TooLongToTime,
+                                       agree_attention, agreed_ratio, attention_layer, decide_attention,
+                                       eager_scores_bytes, generates, measure_layer_sdpa_over_eager,
+                                       measure_sdpa_over_eager, remember_attention, resolve_attention, scores_room,
+                                       switchable)
 from corecpu.cpu.hardware import read_cpu_features
 from corecpu.errors import CoreCPUError
 
@@ -136,3 +138,104 @@ def test_the_cache_keeps_the_ratio_the_ranks_agreed_on(tmp_path) -> None:
     assert remember_attention(agreed_ratio(timings), model, features, 4, 16, False, 1, tmp_path)
     again = resolve_attention("auto", model, features, 4, 16, False, 1, tmp_path, measure=lambda *a: 9.0)
     assert (again.name, again.source, again.sdpa_over_eager) == ("sdpa", "cached", 1.01)
+
+
+def tiny_llama(**config: object) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        attn_implementation="sdpa", **config))
+
+
+def test_the_timed_layer_is_the_first_that_takes_its_kernel_from_the_config() -> None:
+    bert, llama = tiny_bert(), tiny_llama()
+    assert type(attention_layer(bert)).__name__ == "BertSelfAttention"
+    assert attention_layer(bert) is bert.bert.encoder.layer[0].attention.self
+    assert attention_layer(llama) is llama.model.layers[0].self_attn
+    assert attention_layer(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+
+
+def test_one_layer_is_timed_on_the_inputs_each_kernel_gets_in_training() -> None:
+    model = tiny_llama()
+    layer = attention_layer(model)
+    masks: list[torch.Tensor] = []
+    kernels: list[str] = []
+
+    def seen(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        masks.append(kwargs["attention_mask"])
+        kernels.append(model.config._attn_implementation)
+    layer.register_forward_pre_hook(seen, with_kwargs=True)
+    backward: list[bool] = []  # whether the backward reached the layer's input, as in training
+    layer.q_proj.register_full_backward_hook(lambda m, grad_in, grad_out: backward.append(grad_in[0] is not None))
+    heads: list[int] = []
+    model.lm_head.register_forward_hook(lambda m, args, out: heads.append(1))
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    ratio = measure_layer_sdpa_over_eager(model, batch=2, seq=8, bf16=False, budget_s=0.0)
+    assert torch.equal(torch.rand(3), expected) and math.isfinite(ratio) and ratio > 0
+    # Each kernel's layer got its mask in that kernel's form: the causal bool mask, and it as numbers for eager.
+    by_kernel = {k: {(m.dtype, tuple(m.shape)) for m, kk in zip(masks, kernels) if kk == k} for k in ("sdpa", "eager")}
+    assert by_kernel == {"sdpa": {(torch.bool, (2, 1, 8, 8))}, "eager": {(torch.float32, (2, 1, 8, 8))}}
+    eager_mask = next(m for m, k in zip(masks, kernels) if k == "eager")
+    assert torch.equal(eager_mask, attention_mask.additive(masks[0], torch.float32))
+    assert kernels.count("sdpa") >= 1 + 1 + LAYER_MIN_ROUNDS and kernels.count("eager") == kernels.count("sdpa")
+    assert backward == [True] * (kernels.count("sdpa") * 2 - 2)  # every timed call's backward; no record's
+    assert heads == []  # the model's forward stops at the layer: nothing after it runs
+    assert model.training and model.config._attn_implementation == "sdpa"
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
+
+
+def test_a_model_with_no_attention_layer_to_time_is_timed_whole_on_a_few_rows(monkeypatch) -> None:
+    from corecpu.compute import attention
+
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(attention, "measure_sdpa_over_eager", lambda m, b, s, bf16, d: calls.append(("model", b)) or 1.0)
+    monkeypatch.setattr(attention, "measure_layer_sdpa_over_eager", lambda m, b, s, bf16, d: calls.append(("layer", b))
+                        or 2.0)
+    assert attention.measure_attention_kernels(tiny_bert(), 32, 16, False) == 2.0 and calls == [("layer", 32)]
+    monkeypatch.undo()
+    monkeypatch.setattr(attention, "measure_sdpa_over_eager", lambda m, b, s, bf16, d: calls.append(("model", b)) or 1.0)
+    monkeypatch.setattr(attention, "attention_layer", lambda model: None)
+    assert attention.measure_attention_kernels(tiny_bert(), 32, 16, False) == 1.0
+    assert calls[-1] == ("model", attention.WHOLE_MODEL_BATCH)
+
+
+def test_a_layer_too_slow_to_time_raises_and_leaves_the_model_as_it_was() -> None:
+    model = tiny_llama()
+    with pytest.raises(TooLongToTime, match="one attention layer took"):
+        measure_layer_sdpa_over_eager(model, batch=1, seq=8, bf16=False, max_step_s=0.0)
+    assert model.config._attn_implementation == "sdpa" and all(p.grad is None for p in model.parameters())
+
+
+def test_eager_scores_count_every_layers_kept_softmax_and_none_where_sdpa_keeps_as_much() -> None:
+    config = tiny_llama().config  # 2 layers, 4 heads, no attention dropout
+    b, t, h = 3, 16, 4
+    assert eager_scores_bytes(config, b, t, bf16=True) == (2 * 6 + 12) * b * h * t * t
+    assert eager_scores_bytes(config, b, t, bf16=False) == (2 * 4 + 16) * b * h * t * t
+    assert eager_scores_bytes(config, b, 2 * t, bf16=True) == 4 * eager_scores_bytes(config, b, t, bf16=True)
+    # With attention dropout SDPA runs its math fallback on CPU, which keeps the scores too: eager costs no more.
+    assert eager_scores_bytes(tiny_bert().config, b, t, bf16=True) == 0
+    assert scores_room(2, None, None) is None
+    assert scores_room(2, 8 * 2 ** 30, 16 * 2 ** 30) == int(SCORES_SHARE * 8 * 2 ** 30 / 2)
+
+
+def test_eager_is_not_timed_where_its_scores_would_not_fit(tmp_path: Path) -> None:
+    model, features = tiny_llama(), read_cpu_features()
+    calls = []
+
+    def fake(*args: object) -> float:
+        calls.append(args)
+        return 2.0
+    need = eager_scores_bytes(model.config, 4, 64, True)
+    kept = resolve_attention("auto", model, features, 4, 64, True, 1, tmp_path, measure=fake, room=need - 1)
+    assert (kept.name, kept.source, calls) == ("sdpa", "memory", [])
+    assert "eager attention would keep" in kept.reason and "--attention eager forces it" in kept.reason
+    assert not (tmp_path / "attention.json").exists()
+    timed = resolve_attention("auto", model, features, 4, 64, True, 1, tmp_path, measure=fake, room=need)
+    assert (timed.name, timed.source, len(calls)) == ("eager", "measured", 1)
+    forced = resolve_attention("eager", model, features, 4, 64, True, 1, tmp_path, measure=fake, room=0)
+    assert forced.name == "eager" and forced.source == "requested"
