@@ -89,3 +89,31 @@ def bert_base_random(work: Path, vocab: Path | None = None) -> Path:
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
+
+
+def llama_1b_random(work: Path) -> Path:
+    """A Llama-3.2-1B-shaped causal LM (hidden 2048, 16 layers, 32 heads, 8 key/value heads, intermediate 8192; random
+    init, 1.07B parameters, 4.3 GB) on disk, with llama-135m's tokenizer padded with unused tokens to its 49,152-row
+    tied head: the LoRA benchmarks' large model on machines that fetch no weights.
+
+        python -c 'import sys; sys.path.insert(0, "benchmarks"); import common, pathlib; print(common.llama_1b_random(pathlib.Path("/tmp")))'
+    """
+    target = work / "llama-1b-shape"
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from corecpu.training.builtin_models import builtin_model_dir
+    from corecpu.training.modeling import load_tokenizer
+
+    source = builtin_model_dir("llama-135m")
+    tokenizer = load_tokenizer("llama-135m")
+    config = LlamaConfig.from_pretrained(source)
+    config.update({"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "intermediate_size": 8192, "head_dim": 64})
+    tokenizer.add_tokens([f"<unused_{i}>" for i in range(config.vocab_size - len(tokenizer))], special_tokens=True)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
