@@ -5,19 +5,20 @@ cannot use its fused kernel and runs its math fallback: the same two matmuls, so
 attention, plus a safe-softmax pass over the scores (`all`, `where`) and separate scaling of queries and keys.
 On a 2-vCPU Xeon with AMX that fallback made a MiniLM step about 7% slower than eager attention (one rank per core,
 bf16, the paraphrase set). Whether it does depends on the CPU, the thread count and the shapes, so `auto` times both
-on the loader's batch shape (below) and keeps eager only where it was at least MARGIN faster. The ratio is cached per CPU, torch and transformers version, model shape, batch shape,
-precision and thread count, like the precision calibration (corecpu.compute.precision).
+on the loader's batch shape (below) and keeps eager only where it was at least MARGIN faster. The ratio is cached per
+CPU, torch and transformers version, model shape, batch shape, precision and thread count, like the precision
+calibration (corecpu.compute.precision).
 
 Evaluation runs with the same kernel: one model, one kernel, so evaluation computes what training learned with.
 
 What is timed is one training forward and backward of the model's first attention layer, on the inputs a forward of
 the model gives it under each kernel. The whole model was timed until December 2026: for a LoRA run of a
 Llama-3.2-1B-shaped model (4 x 128 tokens, one thread a rank, 2-vCPU Xeon with AMX) that took 51 s of start-up and
-read eager at 0.99x, inside the noise of 7-s steps, so SDPA stayed; the layer timing takes about 3 s and reads eager
-at 1.33-1.60x, and the job's steps ran 5.3-5.4 s against 6.0-6.6 s with eager forced (the same loss). At those
-shapes torch's CPU flash kernel took 88 ms a layer forward and backward, eager attention 37 (bf16, one thread). A model with no such
-layer is timed whole, as before. Eager attention keeps each layer's softmax output for its backward, which SDPA's
-fused kernel does not: where those scores would not fit in a quarter of a rank's share of the memory
+read eager at 0.99x, inside the noise of 7-s steps, so SDPA stayed; the layer timing takes 2-3 s and reads eager at
+1.33-1.60x, and the job's steps ran 5.3-5.4 s against 6.0-6.6 s with eager forced (the same loss). At those shapes
+torch's CPU flash kernel took 88 ms a layer forward and backward, eager attention 37 (bf16, one thread). A model
+with no such layer is timed whole, as before. Eager attention keeps each layer's softmax output for its backward,
+which SDPA's fused kernel does not: where those scores would not fit in a quarter of a rank's share of the memory
 (eager_scores_bytes, scores_room) SDPA is kept without a timing, as at long sequence lengths.
 
 Causal LMs are switched too. Their training batches carry corecpu's (B, 1, T, T) bool mask for packed documents,
@@ -215,6 +216,11 @@ def _thread_clock() -> Callable[[], float]:
     return time.thread_time if torch.get_num_threads() <= 1 else time.perf_counter
 
 
+def _round_order(r: int) -> tuple[str, str]:
+    """The kernels' order in timed round r: alternating, so a host speeding up or slowing down favours neither."""
+    return ("sdpa", "eager") if r % 2 == 0 else ("eager", "sdpa")
+
+
 def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, dropout: str = "torch",
                             rounds: int = 3, max_step_s: float = MAX_TIMED_STEP_S) -> float:
     """SDPA time / eager time of one training forward and backward of the whole `model` on random ids (batch x seq),
@@ -250,7 +256,7 @@ def measure_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, dropou
         rounds = rounds if warm < LONG_STEP_S else min(rounds, 2)  # a large model: four more steps
         times: dict[str, list[float]] = {"sdpa": [], "eager": []}
         for r in range(rounds):
-            for kernel in (("sdpa", "eager") if r % 2 == 0 else ("eager", "sdpa")):
+            for kernel in _round_order(r):
                 times[kernel].append(one(kernel))
         return statistics.median(times["sdpa"]) / statistics.median(times["eager"])
 
@@ -351,7 +357,7 @@ def measure_layer_sdpa_over_eager(model: Any, batch: int, seq: int, bf16: bool, 
         began = time.perf_counter()
         rounds = 0
         while rounds < LAYER_MIN_ROUNDS or (rounds < LAYER_MAX_ROUNDS and time.perf_counter() - began < budget_s):
-            for kernel in (("sdpa", "eager") if rounds % 2 == 0 else ("eager", "sdpa")):
+            for kernel in _round_order(rounds):
                 times[kernel].append(one(kernel))
             rounds += 1
         return statistics.median(times["sdpa"]) / statistics.median(times["eager"])

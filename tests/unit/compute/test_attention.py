@@ -193,12 +193,13 @@ def test_a_model_with_no_attention_layer_to_time_is_timed_whole_on_a_few_rows(mo
     from corecpu.compute import attention
 
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(attention, "measure_sdpa_over_eager", lambda m, b, s, bf16, d: calls.append(("model", b)) or 1.0)
+    whole = lambda m, b, s, bf16, d: calls.append(("model", b)) or 1.0  # noqa: E731
+    monkeypatch.setattr(attention, "measure_sdpa_over_eager", whole)
     monkeypatch.setattr(attention, "measure_layer_sdpa_over_eager", lambda m, b, s, bf16, d: calls.append(("layer", b))
                         or 2.0)
     assert attention.measure_attention_kernels(tiny_bert(), 32, 16, False) == 2.0 and calls == [("layer", 32)]
     monkeypatch.undo()
-    monkeypatch.setattr(attention, "measure_sdpa_over_eager", lambda m, b, s, bf16, d: calls.append(("model", b)) or 1.0)
+    monkeypatch.setattr(attention, "measure_sdpa_over_eager", whole)
     monkeypatch.setattr(attention, "attention_layer", lambda model: None)
     assert attention.measure_attention_kernels(tiny_bert(), 32, 16, False) == 1.0
     assert calls[-1] == ("model", attention.WHOLE_MODEL_BATCH)
