@@ -47,7 +47,7 @@ if "torch" in sys.modules and (_too_small := _address_space.too_small()):
 __version__ = "0.1.0"
 
 _LAZY = {
-    "setup": ("corecpu.training.run", "setup"),
+    "setup": ("corecpu.training.connector", "setup"),
     "Run": ("corecpu.training.run", "Run"),
     "RunOptions": ("corecpu.training.run_options", "RunOptions"),
     "Checkpoints": ("corecpu.training.checkpointer", "Checkpoints"),
@@ -66,7 +66,8 @@ if TYPE_CHECKING:
     from corecpu.training.checkpointer import Checkpoints  # noqa: F401
     from corecpu.training.train_config import TrainConfig  # noqa: F401
     from corecpu.training.run_options import RunOptions  # noqa: F401
-    from corecpu.training.run import Run, setup  # noqa: F401
+    from corecpu.training.connector import setup  # noqa: F401
+    from corecpu.training.run import Run  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

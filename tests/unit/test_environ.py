@@ -17,7 +17,7 @@ PACKAGE = ROOT / "corecpu"
 ALLOWED = {
     "corecpu.launching": "the launch edge: launch.sh's and `corecpu launch`'s environment for the ranks it starts",
     "corecpu.cli": "the CLI edge: `corecpu plan` reads the launcher's variables for its binding",
-    "corecpu.training.run": "setup(env=None): the rank's environment, read once and passed down",
+    "corecpu.training.connector": "setup(env=None): the rank's environment, read once and passed down",
     "corecpu.reporting.reporter": "Reporter(env=None): reporting's variables (CORECPU_TTY, launcher PID, trackers')",
     "corecpu.reporting.trackers": "MLflow refuses a file store unless MLFLOW_ALLOW_FILE_STORE is in the process env",
     "corecpu.envvars": "cache_dir(): the one reader of CORECPU_CACHE_DIR / XDG_CACHE_HOME",
