@@ -50,8 +50,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=6, help="first micro-steps not timed")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
     p.add_argument("--allreduce", choices=("auto", "gloo", "mpi"), default="auto")
-    p.add_argument("--shard-optimizer", choices=("auto", "shm", "off"), default="off",
-                   help="shm: the optimizer sharded through shared memory instead of DDP's all-reduce")
+    p.add_argument("--shard-optimizer", choices=("auto", "shm", "off"), default="auto",
+                   help="auto: train.py's default (the optimizer sharded through shared memory on one host); shm "
+                        "forces that, off DDP's all-reduce and a whole optimizer step on every rank")
     p.add_argument("--out", type=Path, default=None, help="JSON of the per-rank medians")
     p.add_argument("--op-profile", type=Path, default=None, metavar="JSON",
                    help="also profile the timed full steps with torch.profiler and write rank 0's self CPU time per "
@@ -158,7 +159,8 @@ def worker(args: argparse.Namespace) -> None:
         mine["threads"] = torch.get_num_threads()
         everyone = run.gather(mine)
         if run.is_main:
-            report(args, everyone, run.precision.name, f"{desc}; all-reduce {run.allreduce}", world)
+            report(args, everyone, run.precision.name,
+                   f"{desc}; all-reduce {run.allreduce}; optimizer step {run.describe()['shard_optimizer']}", world)
 
 
 def op_profiler(path: Path | None) -> Any:
